@@ -1,0 +1,49 @@
+"""
+FineWeb-Edu (HuggingFaceFW/fineweb-edu, "sample-10BT") with the GPT-2 BPE tokenizer, for
+GPU runs. Needs network access to the Hugging Face hub and `pip install datasets`.
+Documents are streamed, so nothing is held in memory: each one becomes its tokens plus
+<|endoftext|>, the first ~99% of the tokens go to train.bin, the last documents to val.bin.
+
+python data/fineweb_edu/prepare.py [--num_tokens 100000000] [--out_dir DIR]
+(100M tokens is about 200 MB on disk)
+"""
+import argparse, os, sys
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from data.common import doc_pieces, gpt2_encoding, gpt2_meta, write_bins
+
+
+def with_progress(pieces, total):
+    """Pass (split, ids) chunks through, showing tokens done on a progress bar."""
+    from tqdm import tqdm
+    bar = tqdm(total=total, unit="tok", unit_scale=True)
+    for split, ids in pieces:
+        bar.update(len(ids))
+        yield split, ids
+    bar.close()
+
+
+def main():
+    parser = argparse.ArgumentParser(description="FineWeb-Edu sample-10BT, GPT-2 BPE -> train.bin/val.bin/meta.pkl")
+    parser.add_argument("--num_tokens", type=int, default=100_000_000, help="total tokens to write (train + val)")
+    parser.add_argument("--val_frac", type=float, default=0.01, help="share of tokens (whole docs) for val")
+    parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
+    args = parser.parse_args()
+    if args.num_tokens <= 0 or not 0 < args.val_frac < 1:
+        raise SystemExit("--num_tokens must be > 0 and --val_frac between 0 and 1")
+    try:
+        from datasets import load_dataset
+    except ImportError:
+        raise SystemExit("fineweb_edu needs the Hugging Face datasets package: pip install datasets") from None
+
+    enc = gpt2_encoding()
+    ds = load_dataset("HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)
+    docs = (row["text"] for row in ds)
+    meta = {**gpt2_meta(enc), "source": "HuggingFaceFW/fineweb-edu sample-10BT"}
+    pieces = with_progress(doc_pieces(docs, enc, args.num_tokens, args.val_frac), args.num_tokens)
+    meta = write_bins(pieces, args.out_dir, meta)
+    print(f"train has {meta['train_tokens']:,} tokens, val has {meta['val_tokens']:,} tokens")
+    print(f"wrote train.bin, val.bin, meta.pkl to {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()

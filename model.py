@@ -1,0 +1,490 @@
+"""
+nanoVHA model: a Qwen3-style decoder with GQA and Virtual Head Attention (VHA), in one file.
+
+Reads top to bottom: RMSNorm, RoPE, attention (GQA + VHA premix/postmix, KV cache), MLP, block,
+config, model (forward, prefill/decode, generate, cost accounting, VHA health, fold), checkpoints.
+
+VHA in one picture (H_v=8 virtual query heads, H_kv=2 KV heads, H_p=H_v/H_kv=4 physical q projections):
+
+    physical q heads     q0   q1   q2   q3            (W_q has only H_p*d rows)
+                          |    |    |    |
+    premix, group g=0:  q0P0 q1P0 q2P0 q3P0  -> virtual heads j=0..3 --> attend KV head 0
+    premix, group g=1:  q0P1 q1P1 q2P1 q3P1  -> virtual heads j=4..7 --> attend KV head 1
+
+    virtual head j = g*H_p + h  reads KV head j // H_p   (the usual GQA grouping)
+
+After attention, postmix mixes the H_v head outputs with M = I + V U^T (low rank r), then W_o.
+Both maps are linear, so after training they fold into W_q and W_o (see GPT.fold_to_gqa):
+the deployed model is a plain GQA model with n_head=H_v, n_kv_head=H_kv.
+"""
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # computed in at least float32 (like Qwen3), so bf16 activations keep the normalisation exact
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_cos_sin(positions, head_dim, theta, dtype):
+    """Rotate-half RoPE tables for integer `positions` (T,), each (T, head_dim).
+    Angles are computed in float64, then cast, so long positions keep their precision."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (T, hd/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, hd): frequency i pairs dims i and i + hd/2
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x, cos, sin):
+    """x: (B, H, T, hd). Rotates each pair (x_i, x_{i+hd/2}) by its position's angle."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated_half = torch.cat([-x2, x1], dim=-1)
+    return x * cos + rotated_half * sin
+
+
+class KVCache(nn.Module):
+    """Preallocated cache for one layer: (B, n_kv_head, max_len, head_dim) for keys and values."""
+
+    def __init__(self, batch_size, n_kv_head, max_len, head_dim, dtype, device):
+        super().__init__()
+        shape = (batch_size, n_kv_head, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, start, k, v):
+        """Writes k, v (B, H_kv, T, hd) at positions start..start+T-1; returns the filled prefix."""
+        end = start + k.size(2)
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+
+def plain_attention(q, k, v):
+    """The obvious causal attention, for reading and testing: repeat KV heads, mask, softmax.
+    q: (B, H_q, Tq, hd), k/v: (B, H_kv, Tk, hd); query i sits at position Tk - Tq + i."""
+    group = q.size(1) // k.size(1)
+    k = k.repeat_interleave(group, dim=1)  # (B, H_q, Tk, hd): query head j reads KV head j // group
+    v = v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H_q, Tq, Tk)
+    Tq, Tk = q.size(2), k.size(2)
+    future = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).triu(Tk - Tq + 1)
+    scores = scores.masked_fill(future, float("-inf"))
+    return scores.softmax(dim=-1) @ v  # (B, H_q, Tq, hd)
+
+
+def grouped_decode_attention(q, k, v):
+    """One-token decode (Tq=1) with one matmul per KV head: reads each cached K/V once, however
+    many query heads share it (CPU SDPA does per-query-head work at Tq=1). q: (B, H_q, 1, hd)."""
+    B, H_q, _, hd = q.shape
+    H_kv = k.size(1)
+    qg = q.view(B, H_kv, H_q // H_kv, hd)  # (B, H_kv, group, hd): heads j = g*group + i
+    scores = qg @ k.transpose(-2, -1) / math.sqrt(hd)  # (B, H_kv, group, Tk)
+    out = scores.softmax(dim=-1) @ v  # (B, H_kv, group, hd)
+    return out.view(B, H_q, 1, hd)
+
+
+class Attention(nn.Module):
+    """GQA attention; with attn="vha" it adds Q premix and postmix, in this order:
+    projections -> premix -> QK-norm -> RoPE -> causal attention -> postmix -> W_o."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        d, D = cfg.head_dim, cfg.n_embd
+        self.q_proj = nn.Linear(D, cfg.n_q_proj * d, bias=False)  # physical query projections
+        self.k_proj = nn.Linear(D, cfg.n_kv_head * d, bias=False)
+        self.v_proj = nn.Linear(D, cfg.n_kv_head * d, bias=False)
+        self.o_proj = nn.Linear(cfg.n_attn_head * d, D, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.norm_eps)  # one weight shared by all heads (Qwen3)
+            self.k_norm = RMSNorm(d, cfg.norm_eps)
+        if cfg.has_premix:
+            # Q premix: q_j = q_h @ P[g] for virtual head j = g*H_p + h.  P: (H_kv, d, d), near identity.
+            self.premix = nn.Parameter(torch.eye(d).repeat(cfg.n_kv_head, 1, 1) + 0.1 / math.sqrt(d) * torch.randn(cfg.n_kv_head, d, d))
+        if cfg.has_postmix:
+            # Postmix over heads: a'_j = a_j + sum_r V[j, r] act(sum_h U[h, r] a_h), i.e. a' = (I + V U^T) a.
+            self.postmix_U = nn.Parameter(0.01 * torch.randn(cfg.n_attn_head, cfg.vha_postmix_rank))
+            self.postmix_V = nn.Parameter(torch.zeros(cfg.n_attn_head, cfg.vha_postmix_rank))  # V=0: exact identity at init
+        self.kv_cache = None
+        self.record_postmix = False  # when True, forward stores ||a' - a|| / ||a|| per token (VHA health)
+
+    def apply_premix(self, q):
+        """(B, T, H_p, d) -> (B, T, H_v, d), virtual head j = g*H_p + h gets q_h @ P[g]. One matmul:
+        q @ [P[0] | P[1] | ...] computes every (h, g) pair at once."""
+        B, T, H_p, d = q.shape
+        H_kv = self.premix.size(0)
+        P_cat = self.premix.permute(1, 0, 2).reshape(d, H_kv * d)  # (d, H_kv*d): column block g is P[g]
+        q = (q @ P_cat).view(B, T, H_p, H_kv, d)  # [..., h, g, :] = q_h @ P[g]
+        return q.transpose(2, 3).reshape(B, T, H_kv * H_p, d)  # (B, T, H_v, d), index g*H_p + h
+
+    def apply_postmix(self, a):
+        """a: (B, H, T, d) attention outputs -> a + V act(U^T a), mixing along the head axis."""
+        B, H, T, d = a.shape
+        flat = a.reshape(B, H, T * d)  # (B, H, T*d)
+        z = self.postmix_U.t() @ flat  # (B, r, T*d): heads contracted to rank r
+        if self.cfg.vha_postmix_act == "silu":
+            z = F.silu(z)  # the paper's nonlinear ablation: no longer foldable
+        delta = (self.postmix_V @ z).view(B, H, T, d)  # (B, H, T, d)
+        if self.record_postmix:
+            self.postmix_ratio = (delta.float().norm(dim=(1, 3)) / a.float().norm(dim=(1, 3)).clamp_min(1e-12)).mean().item()
+        return a + delta
+
+    def forward(self, x, cos, sin, start_pos=None):
+        """x: (B, T, D). start_pos=None: training/no-cache; else write the KV cache at start_pos."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        d = cfg.head_dim
+        q = self.q_proj(x).view(B, T, cfg.n_q_proj, d)  # (B, T, H_p, d)
+        k = self.k_proj(x).view(B, T, cfg.n_kv_head, d)  # (B, T, H_kv, d)
+        v = self.v_proj(x).view(B, T, cfg.n_kv_head, d)
+        if cfg.has_premix:
+            q = self.apply_premix(q)  # (B, T, H_v, d)
+        if cfg.qk_norm:  # after premix, so premix stays a plain linear map on q
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, d)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if start_pos is not None:
+            k, v = self.kv_cache.update(start_pos, k, v)  # (B, H_kv, start_pos+T, d)
+        if cfg.attn_impl == "plain":
+            a = plain_attention(q, k, v)
+        elif T == 1 and start_pos is not None and cfg.decode_impl == "grouped":
+            a = grouped_decode_attention(q, k, v)
+        else:  # prefill starts at 0 and training has no cache, so the causal mask is the square one
+            assert start_pos in (None, 0) or T == 1, "multi-token steps after prefill are not supported"
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True,
+                                               dropout_p=cfg.dropout if self.training else 0.0)
+        if cfg.has_postmix:
+            a = self.apply_postmix(a)  # (B, H, T, d)
+        return self.o_proj(a.transpose(1, 2).reshape(B, T, cfg.n_attn_head * d))  # (B, T, H*d) -> (B, T, D)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=False)
+        self.up_proj = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=False)
+        self.down_proj = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, cos, sin, start_pos=None):
+        x = x + self.drop(self.attn(self.attn_norm(x), cos, sin, start_pos))
+        return x + self.drop(self.mlp(self.mlp_norm(x)))
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50304
+    block_size: int = 1024  # training context; generation may go further with a larger cache
+    n_layer: int = 12
+    n_embd: int = 768
+    n_head: int = 12  # query heads that attend (VHA: the virtual heads H_v)
+    n_kv_head: int = 4
+    head_dim: Optional[int] = None  # default n_embd // n_head
+    mlp_hidden: Optional[int] = None  # default 3 * n_embd (Qwen3-1.7B: 6144 / 2048)
+    rope_theta: float = 1e6
+    qk_norm: bool = True
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+    norm_eps: float = 1e-6
+    attn: str = "gqa"  # "gqa" (MHA: n_kv_head == n_head, MQA: n_kv_head == 1) or "vha"
+    vha_premix: bool = True
+    vha_postmix: bool = True
+    vha_postmix_rank: Optional[int] = None  # default max(1, n_head // 4)
+    vha_postmix_act: str = "linear"  # or "silu" (the paper's nonlinear ablation; cannot fold)
+    attn_impl: str = "sdpa"  # "sdpa" or "plain" (the readable reference)
+    decode_impl: str = "grouped"  # one-token decode: "grouped" matmul per KV head, or "sdpa"
+
+    def __post_init__(self):
+        def need(ok, msg):
+            if not ok:
+                raise ValueError(f"GPTConfig: {msg}")
+
+        for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head"):
+            need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        need(self.attn in ("gqa", "vha"), f"attn must be 'gqa' or 'vha', got {self.attn!r}")
+        need(self.attn_impl in ("sdpa", "plain"), f"attn_impl must be 'sdpa' or 'plain', got {self.attn_impl!r}")
+        need(self.decode_impl in ("grouped", "sdpa"), f"decode_impl must be 'grouped' or 'sdpa', got {self.decode_impl!r}")
+        need(self.vha_postmix_act in ("linear", "silu"), f"vha_postmix_act must be 'linear' or 'silu', got {self.vha_postmix_act!r}")
+        need(self.n_head % self.n_kv_head == 0,
+             f"n_head % n_kv_head != 0 ({self.n_head} % {self.n_kv_head}): each KV head must serve the same number of query heads")
+        if self.head_dim is None:
+            need(self.n_embd % self.n_head == 0, f"n_embd % n_head != 0 ({self.n_embd} % {self.n_head}); set head_dim explicitly")
+            self.head_dim = self.n_embd // self.n_head
+        need(self.head_dim >= 2 and self.head_dim % 2 == 0, f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.mlp_hidden is None:
+            self.mlp_hidden = 3 * self.n_embd
+        need(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
+        if self.attn == "vha":
+            need(self.vha_premix or self.vha_postmix, "attn='vha' needs vha_premix or vha_postmix (or use attn='gqa')")
+            if not self.vha_premix:  # postmix only: attend with the H_p physical heads, grouped over H_kv
+                need(self.n_q_proj % self.n_kv_head == 0,
+                     f"postmix-only VHA attends with H_p = n_head // n_kv_head = {self.n_q_proj} heads, "
+                     f"which must be a multiple of n_kv_head={self.n_kv_head}")
+        if self.vha_postmix_rank is None:
+            self.vha_postmix_rank = max(1, self.n_head // 4)
+        if self.has_postmix:
+            need(1 <= self.vha_postmix_rank <= self.n_attn_head,
+                 f"vha_postmix_rank must be in [1, {self.n_attn_head}] (the heads it mixes), got {self.vha_postmix_rank}")
+
+    # derived head counts: physical projections H_p, heads that attend, and which VHA pieces are on
+    @property
+    def has_premix(self):
+        return self.attn == "vha" and self.vha_premix
+
+    @property
+    def has_postmix(self):
+        return self.attn == "vha" and self.vha_postmix
+
+    @property
+    def n_q_proj(self):  # rows of W_q, in heads: H_p = H_v / H_kv for VHA, n_head for GQA
+        return self.n_head // self.n_kv_head if self.attn == "vha" else self.n_head
+
+    @property
+    def n_attn_head(self):  # query heads in attention: H_v with premix, else the projections
+        return self.n_head if (self.attn == "gqa" or self.vha_premix) else self.n_q_proj
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        for name, p in self.named_parameters():  # GPT-2 init; premix/postmix/norms keep their own
+            if p.dim() == 2 and "postmix" not in name:
+                std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+                torch.nn.init.normal_(p, mean=0.0, std=std)
+
+    def num_params(self, non_embedding=False):
+        n = sum(p.numel() for p in self.parameters())  # tied weights are counted once
+        if non_embedding:
+            n -= self.embed.weight.numel()
+            if not self.cfg.tie_embeddings:
+                n -= self.lm_head.weight.numel()
+        return n
+
+    def forward(self, idx, targets=None, start_pos=None):
+        """idx: (B, T) token ids. Returns (logits (B, T, vocab), mean cross-entropy or None)."""
+        B, T = idx.shape
+        first = 0 if start_pos is None else start_pos
+        if start_pos is None and T > self.cfg.block_size:
+            raise ValueError(f"sequence length {T} > block_size {self.cfg.block_size}")
+        x = self.drop(self.embed(idx))  # (B, T, D)
+        cos, sin = rope_cos_sin(torch.arange(first, first + T, device=idx.device), self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        for block in self.blocks:
+            x = block(x, cos, sin, start_pos)
+        logits = self.lm_head(self.norm(x))
+        loss = None
+        if targets is not None:
+            logits_f = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: loss in fp32
+            loss = F.cross_entropy(logits_f.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return logits, loss
+
+    # ---- generation with a preallocated KV cache (gpt-fast style) ----
+    def setup_cache(self, batch_size, max_len, dtype=None, device=None):
+        p = self.embed.weight
+        for block in self.blocks:
+            block.attn.kv_cache = KVCache(batch_size, self.cfg.n_kv_head, max_len, self.cfg.head_dim,
+                                          dtype or p.dtype, device or p.device)
+
+    @torch.no_grad()
+    def prefill(self, idx):
+        """Runs the prompt (B, T) from position 0, filling the cache; returns last-position logits (B, vocab)."""
+        return self(idx, start_pos=0)[0][:, -1]
+
+    @torch.no_grad()
+    def decode_one_token(self, token, pos):
+        """token: (B, 1) at position `pos`; the cache already holds positions < pos. Returns (B, vocab)."""
+        return self(token, start_pos=pos)[0][:, -1]
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        """Continues idx (B, T); temperature=0 is greedy. Builds a cache of exactly the needed size."""
+        B, T = idx.shape
+        self.setup_cache(B, T + max_new_tokens)
+        out = torch.empty(B, T + max_new_tokens, dtype=idx.dtype, device=idx.device)
+        out[:, :T] = idx
+        logits = self.prefill(idx)
+        for pos in range(T, T + max_new_tokens):
+            out[:, pos] = sample_next(logits, temperature, top_k, generator)
+            if pos + 1 < T + max_new_tokens:
+                logits = self.decode_one_token(out[:, pos:pos + 1], pos)
+        return out
+
+    # ---- cost accounting ----
+    def flops_per_token(self, T, training=False):
+        """Convention: forward = 2 x MACs of every matmul (lm_head, premix, postmix included)
+        + causal attention 2 * n_attn_head * head_dim * T per layer (QK^T and AV over T/2 keys on
+        average); training = 3 x forward."""
+        c = self.cfg
+        D, d, H = c.n_embd, c.head_dim, c.n_attn_head
+        macs = D * d * (c.n_q_proj + 2 * c.n_kv_head) + H * d * D + 3 * D * c.mlp_hidden  # projections, MLP
+        if c.has_premix:
+            macs += H * d * d  # every virtual head: one d x d map
+        if c.has_postmix:
+            macs += 2 * H * c.vha_postmix_rank * d  # U^T then V
+        fwd = c.n_layer * (2 * macs + 2 * H * d * T) + 2 * D * c.vocab_size
+        return 3 * fwd if training else fwd
+
+    def kv_bytes_per_token(self, dtype=torch.bfloat16):
+        c = self.cfg
+        return c.n_layer * 2 * c.n_kv_head * c.head_dim * torch.empty((), dtype=dtype).element_size()
+
+    # ---- VHA health (cheap, no grad): is premix/postmix learning anything? ----
+    @torch.no_grad()
+    def vha_health(self, idx=None):
+        c, out = self.cfg, {}
+        attns = [b.attn for b in self.blocks]
+        if c.has_premix:
+            dev, div = [], []
+            for a in attns:
+                P = a.premix.double()
+                D_g = P - torch.eye(c.head_dim, dtype=P.dtype)  # (H_kv, d, d)
+                dev.append(D_g.flatten(1).norm(dim=1).mean())  # mean_g ||P_g - I||_F
+                if c.n_kv_head > 1:  # mean_{g!=g'} ||P_g - P_g'||^2 / mean_g ||P_g - I||^2
+                    pair = (D_g[:, None] - D_g[None]).flatten(2).pow(2).sum(-1)
+                    off = pair.sum() / (c.n_kv_head * (c.n_kv_head - 1))
+                    div.append(off / D_g.flatten(1).pow(2).sum(1).mean().clamp_min(1e-30))
+            out["premix_dev"] = torch.stack(dev).mean().item()
+            if div:
+                out["premix_group_div"] = torch.stack(div).mean().item()
+        if c.has_postmix:
+            sig, offd = [], []
+            for a in attns:
+                VU = a.postmix_V.double() @ a.postmix_U.double().t()
+                sig.append(torch.linalg.matrix_norm(VU, ord=2))
+                M = torch.eye(VU.size(0), dtype=VU.dtype) + VU
+                offd.append((M - torch.diag(torch.diag(M))).pow(2).sum() / M.pow(2).sum())  # share of ||M||_F^2
+            out["postmix_sigma_max"] = torch.stack(sig).mean().item()
+            out["postmix_offdiag_share"] = torch.stack(offd).mean().item()
+            if idx is not None:
+                was_training = self.training
+                self.eval()
+                for a in attns:
+                    a.record_postmix = True
+                try:
+                    self(idx)
+                finally:
+                    for a in attns:
+                        a.record_postmix = False
+                    self.train(was_training)
+                out["postmix_rel_delta"] = sum(a.postmix_ratio for a in attns) / len(attns)
+        return out
+
+    # ---- fold: a trained VHA model IS a GQA model ----
+    @torch.no_grad()
+    def fold_to_gqa(self):
+        """Returns (GPTConfig, state_dict) of the plain GQA model with identical outputs.
+        Premix:  q_j = (x W_q[h]^T) P[g] = x (P[g]^T W_q[h])^T    =>  W_q'[j] = P[g]^T W_q[h],  j = g*H_p + h
+        Postmix: y = sum_j W_o[:, j] a'_j,  a'_j = sum_h M[j, h] a_h  =>  W_o'[:, h] = sum_j M[j, h] W_o[:, j]
+        (M = I + V U^T). QK-norm and RoPE act per head after premix, so they carry over unchanged.
+        Computed in float64, cast back to each weight's dtype."""
+        c = self.cfg
+        if c.attn != "vha":
+            raise ValueError("nothing to fold: this model is already plain GQA/MHA/MQA (attn='gqa')")
+        if c.has_postmix and c.vha_postmix_act != "linear":
+            raise ValueError("cannot fold a SiLU postmix: silu(U^T a) is not linear in a, so no single "
+                             "matrix M can be absorbed into W_o; only vha_postmix_act='linear' folds")
+        H, H_kv, d, D = c.n_attn_head, c.n_kv_head, c.head_dim, c.n_embd
+        sd = {k: v for k, v in self.state_dict().items() if "premix" not in k and "postmix" not in k}
+        for i, block in enumerate(self.blocks):
+            a = block.attn
+            if c.has_premix:
+                Wq = a.q_proj.weight.double().view(c.n_q_proj, d, D)  # (H_p, d, D)
+                P = a.premix.double()  # (H_kv, d, d)
+                Wq_folded = torch.einsum("gce,hcD->gheD", P, Wq)  # [g, h] = P[g]^T W_q[h]: (H_kv, H_p, d, D)
+                sd[f"blocks.{i}.attn.q_proj.weight"] = Wq_folded.reshape(H * d, D).to(a.q_proj.weight.dtype)
+            if c.has_postmix:
+                M = torch.eye(H, dtype=torch.float64) + a.postmix_V.double() @ a.postmix_U.double().t()  # (H, H)
+                Wo = a.o_proj.weight.double().view(D, H, d)  # (D, H, d)
+                Wo_folded = torch.einsum("jh,Djc->Dhc", M, Wo)  # W_o'[:, h] = sum_j M[j, h] W_o[:, j]
+                sd[f"blocks.{i}.attn.o_proj.weight"] = Wo_folded.reshape(D, H * d).to(a.o_proj.weight.dtype)
+        gqa = dict(asdict(c), attn="gqa", n_head=H, head_dim=d, vha_postmix_rank=None)
+        return GPTConfig(**gqa), sd
+
+
+def sample_next(logits, temperature=1.0, top_k=None, generator=None):
+    """logits (B, vocab) -> next token ids (B,). temperature 0 picks the argmax."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
+# ---- checkpoints: written atomically, loaded with clear errors, in one place ----
+def save_checkpoint(obj, path):
+    """torch.save to a temp file in the same folder, fsync, then rename: a crash mid-write
+    leaves the previous file intact."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_checkpoint(path, device="cpu"):
+    """Returns the checkpoint dict; raises a clear error for a missing, corrupt or foreign file."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint {path} not found: train one first (python train.py ...) or pass the right --out_dir")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:
+        raise ValueError(f"checkpoint {path} is corrupt or truncated ({type(e).__name__}: {e}); "
+                         f"use an intact checkpoint or retrain") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
+        raise ValueError(f"{path} is not a nanoVHA checkpoint (no 'model'/'model_args' entries)")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt, device="cpu"):
+    """Builds the GPT of a checkpoint dict; strips torch.compile's '_orig_mod.' prefix."""
+    known = {f.name for f in fields(GPTConfig)}
+    model = GPT(GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in known}))
+    prefix = "_orig_mod."
+    state = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in ckpt["model"].items()}
+    model.load_state_dict(state)
+    return model.to(device)

@@ -1,0 +1,73 @@
+"""
+Samples from a trained model (VHA, GQA or folded) with the KV cache:
+
+    python sample.py --out_dir=out-vha-small --start="ROMEO:" --num_samples=2 --max_new_tokens=300
+    python sample.py --out_dir=out-vha-small --ckpt_name=ckpt_folded.pt --temperature=0   # greedy
+    python sample.py --start=FILE:prompt.txt
+"""
+import os
+import sys
+import time
+
+import torch
+
+from configurator import ConfigError, configure
+from data.common import load_tokenizer
+from model import load_checkpoint, model_from_checkpoint
+
+out_dir = "out"
+ckpt_name = "ckpt.pt"
+start = "\n"  # or "FILE:prompt.txt"
+num_samples = 3
+max_new_tokens = 500
+temperature = 0.8  # 0 = greedy
+top_k = 200
+seed = 1337
+device = "auto"
+dtype = "float32"  # float32, bfloat16 or float16 weights for generation
+try:
+    config = configure({k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))}, sys.argv[1:])
+except ConfigError as e:
+    sys.exit(f"error: {e}")
+globals().update(config)
+
+if device == "auto":
+    device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+if dtype not in ("float32", "bfloat16", "float16"):
+    sys.exit(f"error: dtype must be float32, bfloat16 or float16, got {dtype!r}")
+if temperature < 0 or (top_k is not None and top_k < 1) or max_new_tokens < 1 or num_samples < 1:
+    sys.exit("error: need temperature >= 0, top_k >= 1, max_new_tokens >= 1 and num_samples >= 1")
+torch.manual_seed(seed)
+
+try:
+    ckpt = load_checkpoint(os.path.join(out_dir, ckpt_name), device)
+except (FileNotFoundError, ValueError) as e:
+    sys.exit(f"error: {e}")
+model = model_from_checkpoint(ckpt, device).to(getattr(torch, dtype)).eval()
+if "meta" not in ckpt:
+    sys.exit(f"error: {ckpt_name} carries no tokenizer (meta); it was not written by train.py or fold.py")
+encode, decode = load_tokenizer(ckpt["meta"])
+
+if start.startswith("FILE:"):
+    with open(start[5:], encoding="utf-8") as f:
+        start = f.read()
+try:
+    prompt = encode(start)
+except ValueError as e:
+    sys.exit(f"error: {e}")
+if not prompt:
+    sys.exit("error: the prompt is empty; pass --start=TEXT")
+block = model.cfg.block_size
+if len(prompt) > block:
+    sys.exit(f"error: the prompt is {len(prompt)} tokens but the model's context (block_size) is {block}; shorten it")
+if len(prompt) + max_new_tokens > block:
+    print(f"note: generating up to position {len(prompt) + max_new_tokens}, past the trained context of {block}", file=sys.stderr)
+
+x = torch.tensor(prompt, dtype=torch.long, device=device)[None]
+gen = torch.Generator(device=device).manual_seed(seed)
+for _ in range(num_samples):
+    t0 = time.time()
+    y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
+    dt = time.time() - t0
+    print(decode(y[0].tolist()))
+    print(f"---------------  ({max_new_tokens} tokens in {dt:.2f} s, {max_new_tokens / dt:.0f} tok/s)")

@@ -1,0 +1,40 @@
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORDS = ("the king and queen shall speak of love and war , my lord ; what light through yonder "
+         "window breaks ? it is the east and juliet is the sun . to be or not to be").split()
+
+
+def tiny_text(n_chars=60_000, seed=0):
+    """Deterministic pseudo-verse: learnable in a few dozen steps, no download needed."""
+    rnd = random.Random(seed)
+    lines = []
+    while sum(map(len, lines)) < n_chars:
+        lines.append(rnd.choice(["ROMEO", "JULIET", "KING"]) + ":\n" + " ".join(rnd.choice(WORDS) for _ in range(12)) + "\n")
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="session")
+def char_data(tmp_path_factory):
+    from data.common import prepare_string
+    out = tmp_path_factory.mktemp("char_data")
+    prepare_string(tiny_text(), str(out), "char", "tiny test text")
+    return str(out)
+
+
+def run(script, *args, check=True, env=None, timeout=300):
+    """Runs a repo script in a subprocess, like a user would; returns the CompletedProcess."""
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{script} {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+TINY_MODEL = ["--n_layer=2", "--n_embd=32", "--n_head=4", "--n_kv_head=2", "--block_size=32", "--batch_size=8",
+              "--eval_iters=2", "--log_interval=1", "--warmup_iters=5", "--learning_rate=3e-3", "--device=cpu"]

@@ -1,0 +1,215 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, grouped_decode_attention, plain_attention
+
+VARIANTS = {
+    "mha": dict(attn="gqa", n_head=8, n_kv_head=8),
+    "gqa": dict(attn="gqa", n_head=8, n_kv_head=2),
+    "mqa": dict(attn="gqa", n_head=8, n_kv_head=1),
+    "vha": dict(attn="vha", n_head=8, n_kv_head=2),
+    "vha_kv1": dict(attn="vha", n_head=8, n_kv_head=1),
+    "vha_kv4": dict(attn="vha", n_head=8, n_kv_head=4),
+    "premix_only": dict(attn="vha", n_head=8, n_kv_head=2, vha_postmix=False),
+    "postmix_only": dict(attn="vha", n_head=8, n_kv_head=2, vha_premix=False),
+    "vha_silu": dict(attn="vha", n_head=8, n_kv_head=2, vha_postmix_act="silu"),
+    "vha_no_qknorm": dict(attn="vha", n_head=8, n_kv_head=2, qk_norm=False, tie_embeddings=False),
+}
+
+
+def make(dtype=torch.float64, seed=0, scramble=True, **kw):
+    """A tiny model; `scramble` moves every weight (premix, postmix, norms too) far from its init so
+    that a wrong index or a missing term shows up in the outputs."""
+    torch.manual_seed(seed)
+    args = dict(vocab_size=37, block_size=48, n_layer=2, n_embd=64)
+    args.update(kw)
+    model = GPT(GPTConfig(**args)).to(dtype)
+    if scramble:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "premix" in name:
+                    p.add_(0.3 * torch.randn_like(p))
+                elif "postmix" in name or "norm" in name:
+                    p.copy_(1.0 * ("norm" in name) + 0.3 * torch.randn_like(p))
+                else:
+                    p.normal_(0, 0.15)
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_shapes_and_head_counts(name):
+    model = make(dtype=torch.float32, **VARIANTS[name])
+    cfg = model.cfg
+    x = torch.randint(0, 37, (3, 11))
+    logits, loss = model(x, x)
+    assert logits.shape == (3, 11, 37) and loss.ndim == 0 and torch.isfinite(loss)
+    attn = model.blocks[0].attn
+    assert attn.q_proj.weight.shape == (cfg.n_q_proj * cfg.head_dim, 64)
+    assert attn.k_proj.weight.shape == (cfg.n_kv_head * cfg.head_dim, 64)
+    assert attn.o_proj.weight.shape == (64, cfg.n_attn_head * cfg.head_dim)
+    if cfg.attn == "vha":  # VHA: H_p = H_v / H_kv physical projections
+        assert cfg.n_q_proj == cfg.n_head // cfg.n_kv_head
+    if cfg.has_premix:
+        assert attn.premix.shape == (cfg.n_kv_head, cfg.head_dim, cfg.head_dim) and cfg.n_attn_head == cfg.n_head
+    if cfg.has_postmix:
+        assert attn.postmix_U.shape == attn.postmix_V.shape == (cfg.n_attn_head, cfg.vha_postmix_rank)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(n_head=8, n_kv_head=3), "n_head % n_kv_head"),
+    (dict(n_embd=60, n_head=8, n_kv_head=2), "n_embd % n_head"),
+    (dict(n_head=8, n_kv_head=2, head_dim=7), "head_dim must be even"),
+    (dict(attn="mla"), "attn must be"),
+    (dict(attn="vha", n_head=8, n_kv_head=2, vha_postmix_rank=9), "vha_postmix_rank must be in"),
+    (dict(attn="vha", n_head=8, n_kv_head=2, vha_postmix_rank=0), "vha_postmix_rank must be in"),
+    (dict(attn="vha", vha_premix=False, vha_postmix=False), "needs vha_premix or vha_postmix"),
+    (dict(attn="vha", n_head=8, n_kv_head=4, vha_premix=False), "postmix-only"),
+    (dict(attn="vha", vha_postmix_act="gelu"), "vha_postmix_act"),
+    (dict(n_layer=0), "n_layer must be >= 1"),
+])
+def test_invalid_configs_name_the_rule(kw, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig(**dict(dict(n_embd=64, n_head=8, n_kv_head=2), **kw))
+
+
+def test_derived_defaults():
+    cfg = GPTConfig(n_embd=256, n_head=16, n_kv_head=2, attn="vha")
+    assert (cfg.head_dim, cfg.mlp_hidden, cfg.vha_postmix_rank, cfg.n_q_proj, cfg.n_attn_head) == (16, 768, 4, 8, 16)
+    assert GPTConfig(n_embd=64, n_head=2, n_kv_head=1, attn="vha").vha_postmix_rank == 1
+
+
+def test_postmix_is_exact_identity_at_init():
+    model = make(scramble=False, attn="vha", n_head=8, n_kv_head=2)
+    attn = model.blocks[0].attn
+    assert torch.count_nonzero(attn.postmix_V) == 0 and attn.postmix_U.abs().max() > 0
+    a = torch.randn(2, 8, 5, 8, dtype=torch.float64)
+    assert torch.equal(attn.apply_postmix(a), a)
+    P = attn.premix.detach()
+    assert P.shape == (2, 8, 8) and (P - torch.eye(8)).abs().max() < 1.0 and not torch.equal(P[0], P[1])
+
+
+def reference_vha_attention(attn, x, cos, sin):
+    """The doc's equations, one head at a time, in float64 (no batched tricks)."""
+    cfg = attn.cfg
+    B, T, D = x.shape
+    d, H_p, H_kv, H = cfg.head_dim, cfg.n_q_proj, cfg.n_kv_head, cfg.n_attn_head
+    Wq = attn.q_proj.weight.view(H_p, d, D)
+    Wk = attn.k_proj.weight.view(H_kv, d, D)
+    Wv = attn.v_proj.weight.view(H_kv, d, D)
+
+    def rms(t, w):
+        return w * t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + cfg.norm_eps)
+
+    def rope(t):  # t: (T, d)
+        half = d // 2
+        return t * cos + torch.cat([-t[:, half:], t[:, :half]], -1) * sin
+
+    outs = []
+    for b in range(B):
+        heads = []
+        for j in range(H):
+            if cfg.has_premix:
+                g, h = divmod(j, H_p)  # virtual head j = g*H_p + h
+                q = (x[b] @ Wq[h].T) @ attn.premix[g]
+                kv = g
+            else:
+                q, kv = x[b] @ Wq[j].T, j // (H // H_kv)
+            k, v = x[b] @ Wk[kv].T, x[b] @ Wv[kv].T
+            if cfg.qk_norm:
+                q, k = rms(q, attn.q_norm.weight), rms(k, attn.k_norm.weight)
+            q, k = rope(q), rope(k)
+            scores = (q @ k.T) / math.sqrt(d) + torch.full((T, T), float("-inf"), dtype=x.dtype).triu(1)
+            heads.append(scores.softmax(-1) @ v)  # (T, d)
+        if cfg.has_postmix:
+            M = torch.eye(H, dtype=x.dtype) + attn.postmix_V @ attn.postmix_U.T
+            act = F.silu if cfg.vha_postmix_act == "silu" else (lambda z: z)
+            z = [sum(attn.postmix_U[h, r] * heads[h] for h in range(H)) for r in range(cfg.vha_postmix_rank)]
+            heads = [heads[j] + sum(attn.postmix_V[j, r] * act(z[r]) for r in range(cfg.vha_postmix_rank)) for j in range(H)]
+            if cfg.vha_postmix_act == "linear":  # the same thing as the operator M on the head axis
+                assert cfg.has_postmix and M.shape == (H, H)
+        outs.append(torch.cat(heads, -1) @ attn.o_proj.weight.T)  # (T, D)
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("name", ["vha", "vha_kv1", "vha_kv4", "premix_only", "postmix_only", "vha_silu", "vha_no_qknorm", "gqa"])
+@pytest.mark.parametrize("impl", ["sdpa", "plain"])
+def test_attention_equals_per_head_reference_float64(name, impl):
+    model = make(attn_impl=impl, **VARIANTS[name])
+    attn = model.blocks[0].attn
+    x = torch.randn(2, 9, 64, dtype=torch.float64)
+    from model import rope_cos_sin
+    cos, sin = rope_cos_sin(torch.arange(9), model.cfg.head_dim, model.cfg.rope_theta, torch.float64)
+    with torch.no_grad():
+        got = attn(x, cos, sin)
+        want = reference_vha_attention(attn, x, cos, sin)
+    assert (got - want).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("name", ["mha", "gqa", "mqa", "vha", "postmix_only", "vha_silu"])
+@pytest.mark.parametrize("decode_impl", ["grouped", "sdpa"])
+def test_cached_decode_equals_uncached_forward_float64(name, decode_impl):
+    model = make(decode_impl=decode_impl, **VARIANTS[name])
+    x = torch.randint(0, 37, (2, 30))
+    with torch.no_grad():
+        full = model(x)[0]
+    model.setup_cache(batch_size=2, max_len=30)
+    steps = [model.prefill(x[:, :12])]
+    for pos in range(12, 29):
+        steps.append(model.decode_one_token(x[:, pos:pos + 1], pos))
+    assert (torch.stack(steps, 1) - full[:, 11:29]).abs().max() < 1e-12
+
+
+def test_grouped_decode_matches_plain_attention_float64():
+    torch.manual_seed(0)
+    for H_kv in (1, 2, 4, 16):
+        q = torch.randn(3, 16, 1, 32, dtype=torch.float64)
+        k, v = torch.randn(2, 3, H_kv, 100, 32, dtype=torch.float64)
+        assert (grouped_decode_attention(q, k, v) - plain_attention(q, k, v)).abs().max() < 1e-13
+
+
+def test_generate_greedy_is_argmax_of_full_forward():
+    model = make(**VARIANTS["vha"])
+    prompt = torch.randint(0, 37, (2, 5))
+    out = model.generate(prompt, max_new_tokens=10, temperature=0)
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(10):
+            seq = torch.cat([seq, model(seq)[0][:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, seq)
+    gen = torch.Generator().manual_seed(1)
+    sampled = model.generate(prompt, max_new_tokens=10, temperature=1.0, top_k=5, generator=gen)
+    assert sampled.shape == (2, 15) and torch.equal(sampled[:, :5], prompt)
+
+
+def test_cost_accounting_by_hand():
+    cfg = dict(vocab_size=100, block_size=64, n_layer=3, n_embd=64, n_head=8, n_kv_head=2, mlp_hidden=96)
+    T, D, d = 64, 64, 8
+    gqa, vha = GPT(GPTConfig(**cfg)), GPT(GPTConfig(attn="vha", vha_postmix_rank=2, **cfg))
+    attn_flops = 2 * 8 * d * T
+    gqa_macs = D * d * (8 + 4) + 8 * d * D + 3 * D * 96
+    vha_macs = D * d * (4 + 4) + 8 * d * D + 3 * D * 96 + 8 * d * d + 2 * 8 * 2 * d
+    assert gqa.flops_per_token(T) == 3 * (2 * gqa_macs + attn_flops) + 2 * D * 100
+    assert vha.flops_per_token(T) == 3 * (2 * vha_macs + attn_flops) + 2 * D * 100
+    assert vha.flops_per_token(T, training=True) == 3 * vha.flops_per_token(T)
+    assert gqa.kv_bytes_per_token(torch.bfloat16) == 3 * 2 * 2 * 8 * 2
+    assert gqa.kv_bytes_per_token(torch.float32) == 2 * gqa.kv_bytes_per_token(torch.bfloat16)
+    n_embed = 100 * 64
+    assert gqa.num_params() - gqa.num_params(non_embedding=True) == n_embed  # tied: counted once
+    per_layer_extra = 2 * d * d + 2 * 8 * 2 - 4 * d * D  # premix + U, V - the 4 missing q heads
+    assert vha.num_params() - gqa.num_params() == 3 * per_layer_extra
+
+
+def test_vha_health_signals():
+    model = make(scramble=False, **VARIANTS["vha"])
+    h = model.vha_health(torch.randint(0, 37, (2, 16)))
+    assert h["postmix_sigma_max"] == 0 and h["postmix_offdiag_share"] == 0 and h["postmix_rel_delta"] == 0
+    d = model.cfg.head_dim
+    assert h["premix_dev"] == pytest.approx(0.1 / math.sqrt(d) * d, rel=0.3)  # ||0.1/sqrt(d) N||_F ~ 0.1 sqrt(d)
+    assert 1.0 < h["premix_group_div"] < 3.0  # independent draws: about 2
+    scrambled = make(**VARIANTS["vha"]).vha_health(torch.randint(0, 37, (2, 16)))
+    assert scrambled["postmix_sigma_max"] > 0.1 and 0 < scrambled["postmix_offdiag_share"] < 1
+    assert scrambled["postmix_rel_delta"] > 0.01
+    assert make(**VARIANTS["gqa"]).vha_health() == {}

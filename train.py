@@ -1,0 +1,362 @@
+"""
+Trains a GQA or VHA model. One process:
+
+    python train.py config/vha_small.py --max_iters=2000
+
+Several processes (DDP, nccl on GPUs, gloo on CPU), one node or many:
+
+    torchrun --standalone --nproc_per_node=8 train.py config/vha_small.py
+
+Resuming is exact: the batches and dropout masks of iteration `it` are drawn from generators
+seeded with (seed, it, micro-step), so a resumed run sees what the uninterrupted run would have.
+"""
+import json
+import math
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+from torch.distributed import destroy_process_group, init_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from configurator import ConfigError, configure
+from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint, save_checkpoint
+
+# -----------------------------------------------------------------------------
+# defaults (overridden by config/*.py files and --key=value); nanoGPT's names where it has the knob
+out_dir = "out"
+eval_interval = 250
+log_interval = 10
+eval_iters = 20
+eval_only = False
+always_save_checkpoint = True  # False: only save when val loss improves
+init_from = "scratch"  # "scratch" or "resume" (from out_dir/ckpt.pt)
+seed = 1337
+wandb_log = False
+wandb_project = "nanovha"
+wandb_run_name = "run"
+# data
+dataset = "shakespeare_char"
+data_dir = ""  # default: data/<dataset>; prepared there on first use
+gradient_accumulation_steps = 1  # global: divided among DDP processes
+batch_size = 16  # micro-batch per process
+block_size = 256
+# model (see GPTConfig); None means "derive the default"
+n_layer = 4
+n_embd = 128
+n_head = 8
+n_kv_head = 2
+head_dim = None
+mlp_hidden = None
+rope_theta = 10000.0
+qk_norm = True
+tie_embeddings = True
+dropout = 0.0
+attn = "vha"
+vha_premix = True
+vha_postmix = True
+vha_postmix_rank = None
+vha_postmix_act = "linear"
+# AdamW + warmup/cosine schedule
+learning_rate = 1e-3
+max_iters = 2000
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0  # 0 disables
+decay_lr = True
+warmup_iters = 100
+lr_decay_iters = None  # default max_iters
+min_lr = None  # default learning_rate / 10
+# system
+device = "auto"  # auto picks cuda, then mps, then cpu; or "cpu", "cuda", "cuda:1", "mps"
+dtype = "auto"  # auto: bfloat16 (or float16 + GradScaler) on CUDA, float32 elsewhere
+compile = None  # None: on for CUDA, off elsewhere (it costs 20-35 s on CPU)
+# -----------------------------------------------------------------------------
+config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))]
+try:
+    config = configure({k: globals()[k] for k in config_keys}, sys.argv[1:])
+except ConfigError as e:
+    sys.exit(f"error: {e}")
+globals().update(config)
+# -----------------------------------------------------------------------------
+
+# processes: DDP when launched by torchrun
+ddp = int(os.environ.get("RANK", -1)) != -1
+if device == "auto":
+    device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+device_type = device.split(":")[0]
+if ddp:
+    init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    if device_type == "cuda":
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    if gradient_accumulation_steps % world_size:
+        sys.exit(f"error: gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the "
+                 f"{world_size} processes (it is the global number of micro-steps)")
+else:
+    rank, local_rank, world_size = 0, 0, 1
+master = rank == 0
+accum_per_rank = gradient_accumulation_steps // world_size
+tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+
+if dtype == "auto":
+    dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
+if dtype not in ("float32", "bfloat16", "float16", "float64"):
+    sys.exit(f"error: dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
+if compile is None:
+    compile = device_type == "cuda"
+if lr_decay_iters is None:
+    lr_decay_iters = max_iters
+if min_lr is None:
+    min_lr = learning_rate / 10
+ptdtype = getattr(torch, dtype)
+# params stay float32 (or float64); bf16/fp16 run under autocast
+autocast = torch.autocast(device_type, dtype=ptdtype) if dtype in ("bfloat16", "float16") else nullcontext()
+if device_type == "cuda":
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+# data: uint16 token bins + meta.pkl, prepared on first use
+data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
+if master and not os.path.exists(os.path.join(data_dir, "train.bin")):
+    prepare = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset, "prepare.py")
+    if not os.path.exists(prepare):
+        sys.exit(f"error: no data in {data_dir} and no data/{dataset}/prepare.py to make it; "
+                 f"prepare it yourself (e.g. python data/text/prepare.py --input FILE --out_dir {data_dir})")
+    print(f"preparing {dataset} into {data_dir} (first use) ...")
+    if subprocess.run([sys.executable, prepare, "--out_dir", data_dir]).returncode != 0:
+        sys.exit(f"error: preparing {dataset} failed (see above); nothing was trained")
+if ddp:
+    torch.distributed.barrier()
+with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
+    meta = pickle.load(f)
+splits = {s: np.memmap(os.path.join(data_dir, f"{s}.bin"), dtype=np.uint16, mode="r") for s in ("train", "val")}
+for s, data in splits.items():
+    if len(data) <= block_size:
+        sys.exit(f"error: {data_dir}/{s}.bin has {len(data)} tokens, fewer than block_size+1={block_size + 1}; lower block_size")
+
+
+def get_batch(split, generator):
+    data = splits[split]
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
+    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix.tolist()])
+    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix.tolist()])
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def rng(it, micro):
+    """The generator of global micro-step `micro` of iteration `it`: the same on 1 or N processes."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + it * 4099 + micro)
+
+
+# output folder: fail now, not after an hour of training
+if master:
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        sys.exit(f"error: out_dir {out_dir!r} is not writable ({e.strerror}); choose another --out_dir")
+
+# model
+model_fields = ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "mlp_hidden", "rope_theta", "qk_norm",
+                "tie_embeddings", "dropout", "attn", "vha_premix", "vha_postmix", "vha_postmix_rank", "vha_postmix_act")
+model_args = dict({k: globals()[k] for k in model_fields}, vocab_size=meta["vocab_size"], block_size=block_size)
+iter_num, best_val_loss, elapsed_before, ckpt = 0, float("inf"), 0.0, None
+if init_from == "resume":
+    try:
+        ckpt = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: cannot resume: {e}")
+    if ckpt["model_args"]["vocab_size"] != meta["vocab_size"]:
+        sys.exit(f"error: vocab mismatch: the checkpoint's model has vocab {ckpt['model_args']['vocab_size']} but "
+                 f"{data_dir} has {meta['vocab_size']}; resume with the dataset it was trained on")
+    model_args = ckpt["model_args"]
+    model = model_from_checkpoint(ckpt)
+    iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
+elif init_from == "scratch":
+    torch.manual_seed(seed)
+    try:
+        model = GPT(GPTConfig(**model_args))
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+else:
+    sys.exit(f"error: init_from must be 'scratch' or 'resume', got {init_from!r}")
+model.to(device, dtype=torch.float64 if dtype == "float64" else torch.float32)
+if master:
+    need = model.num_params() * 4 * 3 * 2  # weights + two AdamW moments, twice (temp file + old file)
+    free = shutil.disk_usage(out_dir).free
+    if free < need:
+        sys.exit(f"error: {out_dir} has {free / 1e6:.0f} MB free but a checkpoint needs about {need / 1e6:.0f} MB; free some space")
+
+# AdamW. Decay: matrices (linears, embedding) and postmix U, V (their decay pulls M = I + V U^T toward
+# the identity, the plain-GQA prior). No decay: norms, and premix P, whose natural centre is the
+# identity, not zero: decay would shrink every virtual query toward nothing.
+params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+decay = [p for n, p in params.items() if p.dim() >= 2 and "premix" not in n]
+no_decay = [p for n, p in params.items() if p.dim() < 2 or "premix" in n]
+optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+                              lr=learning_rate, betas=(beta1, beta2), **({"fused": True} if device_type == "cuda" else {}))
+scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
+if ckpt is not None:
+    optimizer.load_state_dict(ckpt["optimizer"])
+    if "scaler" in ckpt:
+        scaler.load_state_dict(ckpt["scaler"])
+    ckpt = None  # free memory
+raw_model = model
+if compile:
+    print("compiling the model ...") if master else None
+    model = torch.compile(model)
+if ddp:
+    model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+
+
+def get_lr(it):
+    if not decay_lr:
+        return learning_rate
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    ratio = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (learning_rate - min_lr)
+
+
+@torch.no_grad()
+def estimate_loss():
+    """Mean loss over the same eval_iters batches at every eval (fixed generator per split)."""
+    model.eval()
+    out = {}
+    for split in ("train", "val"):
+        gen = torch.Generator().manual_seed(seed + (1 if split == "val" else 2))
+        losses = torch.zeros(eval_iters)
+        for k in range(eval_iters):
+            x, y = get_batch(split, gen)
+            with autocast:
+                losses[k] = model(x, y)[1].item()
+        out[split] = losses.mean().item()
+    model.train()
+    return out
+
+
+# peak dense bf16 FLOP/s for MFU (None on CPUs and unknown GPUs)
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
+              "4090": 165e12, "3090": 71e12, "V100": 125e12, "T4": 65e12}
+peak = next((v for k, v in PEAK_FLOPS.items() if device_type == "cuda" and k in torch.cuda.get_device_name()), None)
+flops_per_iter = raw_model.flops_per_token(block_size, training=True) * tokens_per_iter
+
+log_path = os.path.join(out_dir, "log.jsonl")
+if master:
+    if init_from == "resume" and os.path.exists(log_path):  # drop rows past the checkpoint: they will be redone
+        with open(log_path) as f:
+            rows = [line for line in f if json.loads(line)["iter"] < iter_num]
+        with open(log_path, "w") as f:
+            f.writelines(rows)
+    elif init_from == "scratch":
+        open(log_path, "w").close()
+    print(f"{raw_model.cfg.attn} model: {raw_model.num_params() / 1e6:.2f}M params, KV cache "
+          f"{raw_model.kv_bytes_per_token(torch.float32)} B/token (fp32), {tokens_per_iter} tokens/iter, "
+          f"device {device}, dtype {dtype}, compile {compile}, {world_size} process(es)")
+    if wandb_log:
+        import wandb
+        wandb.init(project=wandb_project, name=wandb_run_name, config=config)
+
+
+def log(row):
+    with open(log_path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    if wandb_log:
+        wandb.log(row, step=row["iter"])
+
+
+use_bar = master and sys.stderr.isatty()
+if use_bar:
+    from tqdm import tqdm
+    bar = tqdm(total=max_iters, initial=iter_num, dynamic_ncols=True)
+say = bar.write if use_bar else print
+t_start = time.time() - elapsed_before
+t_last, iters_since = time.time(), 0
+health_batch = get_batch("val", torch.Generator().manual_seed(seed + 3))[0][:4]
+model.train()
+while True:
+    lr = get_lr(iter_num)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+    if iter_num % eval_interval == 0 or iter_num == max_iters:
+        losses = estimate_loss()
+        if master:
+            elapsed = time.time() - t_start
+            row = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"], "time": elapsed,
+                   "tokens": iter_num * tokens_per_iter, **raw_model.vha_health(health_batch)}
+            log(row)
+            say(f"step {iter_num}: train {losses['train']:.4f}, val {losses['val']:.4f}, {elapsed:.0f}s"
+                + "".join(f", {k} {v:.3g}" for k, v in row.items() if k.startswith(("premix", "postmix"))))
+            if not all(math.isfinite(v) for v in losses.values()):
+                sys.exit(f"error: non-finite eval loss at iteration {iter_num}; the last good checkpoint "
+                         f"in {out_dir} was kept. Lower learning_rate or check the data")
+            if losses["val"] < best_val_loss or always_save_checkpoint:
+                best_val_loss = min(best_val_loss, losses["val"])
+                if iter_num > 0 and not eval_only:
+                    save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                                     "scaler": scaler.state_dict(), "model_args": model_args, "iter_num": iter_num,
+                                     "best_val_loss": best_val_loss, "config": config, "meta": meta,
+                                     "elapsed": elapsed, "kind": "nanovha"}, os.path.join(out_dir, "ckpt.pt"))
+    if eval_only or iter_num >= max_iters:
+        break
+
+    # one optimizer step = gradient_accumulation_steps micro-batches across all processes
+    loss_sum = torch.zeros((), device=device)
+    for k in range(accum_per_rank):
+        micro = rank * accum_per_rank + k
+        gen = rng(iter_num, micro)
+        torch.manual_seed(int(torch.randint(2**62, (1,), generator=gen)))  # dropout masks, reproducible
+        x, y = get_batch("train", gen)
+        if ddp:  # sync gradients only on the last micro-step
+            model.require_backward_grad_sync = k == accum_per_rank - 1
+        with autocast:
+            loss = model(x, y)[1] / accum_per_rank
+        scaler.scale(loss).backward()
+        loss_sum += loss.detach()
+    if grad_clip:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    if ddp:
+        torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG)
+    loss_value = loss_sum.item()
+    if not math.isfinite(loss_value):
+        sys.exit(f"error: loss is {loss_value} at iteration {iter_num}; stopped without saving, the last good "
+                 f"checkpoint in {out_dir} was kept. Lower learning_rate, or use float32/bfloat16")
+    iters_since += 1
+    if master and (iter_num % log_interval == 0 or iter_num == max_iters - 1):
+        dt = (time.time() - t_last) / iters_since
+        t_last, iters_since = time.time(), 0
+        row = {"iter": iter_num, "loss": loss_value, "lr": lr, "tok_per_s": tokens_per_iter / dt, "time": time.time() - t_start}
+        if peak:
+            row["mfu"] = flops_per_iter / dt / (peak * world_size)
+        log(row)
+        stats = f"loss {loss_value:.4f}, {row['tok_per_s']:.0f} tok/s" + (f", mfu {row['mfu']:.1%}" if peak else "")
+        if use_bar:
+            bar.set_postfix_str(stats)
+        else:
+            print(f"iter {iter_num}: {stats}, {dt * 1000:.0f} ms/iter")
+    iter_num += 1
+    if use_bar:
+        bar.update(1)
+
+if use_bar:
+    bar.close()
+if ddp:
+    destroy_process_group()
