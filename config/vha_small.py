@@ -1,0 +1,29 @@
+# The demo: a 0.7M-parameter VHA model on the complete works of Shakespeare, char-level.
+# 4 layers, width 128; 8 virtual query heads made from 4 physical q projections, 2 KV heads,
+# postmix rank 2. After `python fold.py` it is a plain 8Q/2KV GQA model.
+# KV cache: 4 layers x 2 (K and V) x 2 heads x 16 dims = 256 values = 512 B/token in bf16 (1 KB in fp32).
+# 2-core CPU: about 9 minutes (see README for the measured curve); one GPU: about a minute.
+out_dir = "out-vha-small"
+dataset = "shakespeare_char"
+
+n_layer = 4
+n_embd = 128
+n_head = 8
+n_kv_head = 2
+attn = "vha"
+vha_postmix_rank = 2
+
+block_size = 256
+batch_size = 16
+max_iters = 2500
+lr_decay_iters = 2500
+warmup_iters = 100
+learning_rate = 3e-3
+min_lr = 3e-4
+eval_interval = 250
+eval_iters = 20
+log_interval = 50
+
+# bf16 autocast: 1.5x faster than fp32 on CPUs with native bf16 (AVX-512 BF16 / AMX) and on GPUs.
+# On an older CPU, pass --dtype=float32.
+dtype = "bfloat16"
