@@ -2,11 +2,12 @@
 nanoGPT's "poor man's configurator", made strict. Every script keeps its settings as flat
 defaults and calls
 
-    config = configure(defaults, sys.argv[1:])
+    config = configure(defaults, sys.argv[1:], optional={"head_dim": int})
 
 where argv holds config files (`config/vha_small.py`, plain Python assignments) and `--key=value`
-overrides, applied left to right. An unknown key, a missing file or a value of the wrong type is
-an error, never a silent no-op.
+overrides, applied left to right. An unknown key, a missing or broken file or a value of the wrong
+type is an error, never a silent no-op. None is a value only for the keys in `optional` (key -> the
+type of its other values) and for keys whose default is None.
 """
 import ast
 import os
@@ -16,11 +17,16 @@ class ConfigError(ValueError):
     pass
 
 
-def _check_type(key, value, default):
-    """The value must have the default's type (an int is fine where a float is expected);
-    a default of None accepts anything."""
-    if default is None or value is None:
-        return value
+def _check_type(key, value, default, optional):
+    """The value must have the default's type (an int is fine where a float is expected)."""
+    if value is None:
+        if default is None or key in optional:
+            return None
+        raise ConfigError(f"config key {key!r} cannot be None: it wants a {type(default).__name__} (like {default!r})")
+    if default is None:
+        if key not in optional:
+            return value  # an untyped knob whose default is None takes anything
+        default = optional[key]()  # 0, 0.0 or False: a value of the wanted type
     if isinstance(default, bool) or isinstance(value, bool):
         ok = isinstance(value, bool) and isinstance(default, bool)
     elif isinstance(default, float):
@@ -29,7 +35,8 @@ def _check_type(key, value, default):
     else:
         ok = isinstance(value, type(default))
     if not ok:
-        raise ConfigError(f"config key {key!r} wants a {type(default).__name__} (like {default!r}), "
+        like = "or None" if key in optional else f"(like {default!r})"
+        raise ConfigError(f"config key {key!r} wants a {type(default).__name__} {like}, "
                           f"got {value!r} ({type(value).__name__})")
     return value
 
@@ -42,21 +49,25 @@ def _parse_value(text):
         return text
 
 
-def configure(defaults, argv):
-    config = dict(defaults)
+def configure(defaults, argv, optional=None):
+    config, optional = dict(defaults), optional or {}
     for arg in argv:
         if not arg.startswith("--"):
             if not os.path.isfile(arg):
                 raise ConfigError(f"config file {arg!r} does not exist (expected e.g. config/vha_small.py)")
             namespace = dict(config)
-            with open(arg) as f:
-                exec(compile(f.read(), arg, "exec"), {}, namespace)
+            try:
+                with open(arg) as f:
+                    exec(compile(f.read(), arg, "exec"), {}, namespace)
+            except Exception as e:  # a typo in the file: say where, not a traceback
+                where = f" (line {e.lineno})" if isinstance(e, SyntaxError) else ""
+                raise ConfigError(f"config file {arg!r} does not run{where}: {type(e).__name__}: {e}; fix the file") from None
             for key, value in namespace.items():
                 if key.startswith("_") or type(value).__name__ == "module":
                     continue
                 if key not in defaults:
                     raise ConfigError(f"{arg}: unknown config key {key!r}; known keys: {', '.join(sorted(defaults))}")
-                config[key] = _check_type(key, value, defaults[key])
+                config[key] = _check_type(key, value, defaults[key], optional)
         else:
             key, sep, text = arg[2:].partition("=")
             if not sep:
@@ -66,5 +77,25 @@ def configure(defaults, argv):
             value = _parse_value(text)
             if isinstance(defaults[key], str) and not isinstance(value, str):
                 value = text  # a string knob keeps what was typed, e.g. --out_dir=123
-            config[key] = _check_type(key, value, defaults[key])
+            config[key] = _check_type(key, value, defaults[key], optional)
     return config
+
+
+def resolve_device(device):
+    """'auto' -> cuda, then mps, then cpu. A device this machine lacks is a ConfigError, not a
+    CUDA traceback later."""
+    import torch
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
+        raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA GPU (torch {torch.__version__}, "
+                          f"CUDA build {torch.version.cuda}); use --device=cpu or --device=auto")
+    if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
+        raise ConfigError(f"device {device!r} asked for, but there are only {torch.cuda.device_count()} GPUs "
+                          f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device 'mps' asked for, but this machine has no usable Apple GPU; use --device=cpu")
+    return device

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from configurator import ConfigError, configure
+from configurator import ConfigError, configure, resolve_device
 from data.common import load_tokenizer
 from model import load_checkpoint, model_from_checkpoint
 
@@ -26,31 +26,40 @@ seed = 1337
 device = "auto"
 dtype = "float32"  # float32, bfloat16 or float16 weights for generation
 try:
-    config = configure({k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))}, sys.argv[1:])
+    config = configure({k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))},
+                       sys.argv[1:], optional={"top_k": int})  # --top_k=None: sample from the whole vocab
+    config["device"] = resolve_device(config["device"])
 except ConfigError as e:
     sys.exit(f"error: {e}")
 globals().update(config)
 
-if device == "auto":
-    device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
 if dtype not in ("float32", "bfloat16", "float16"):
     sys.exit(f"error: dtype must be float32, bfloat16 or float16, got {dtype!r}")
 if temperature < 0 or (top_k is not None and top_k < 1) or max_new_tokens < 1 or num_samples < 1:
     sys.exit("error: need temperature >= 0, top_k >= 1, max_new_tokens >= 1 and num_samples >= 1")
 torch.manual_seed(seed)
 
+path = os.path.join(out_dir, ckpt_name)
 try:
-    ckpt = load_checkpoint(os.path.join(out_dir, ckpt_name), device)
+    ckpt = load_checkpoint(path, device)
 except (FileNotFoundError, ValueError) as e:
     sys.exit(f"error: {e}")
-model = model_from_checkpoint(ckpt, device).to(getattr(torch, dtype)).eval()
 if "meta" not in ckpt:
-    sys.exit(f"error: {ckpt_name} carries no tokenizer (meta); it was not written by train.py or fold.py")
-encode, decode = load_tokenizer(ckpt["meta"])
+    sys.exit(f"error: {path} carries no tokenizer (meta); it was not written by train.py or fold.py")
+try:
+    model = model_from_checkpoint(ckpt, device).to(getattr(torch, dtype)).eval()
+    encode, decode = load_tokenizer(ckpt["meta"])
+except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as e:
+    sys.exit(f"error: {path} holds no loadable model ({type(e).__name__}: {' '.join(str(e).split())[:300]}); "
+             f"use a checkpoint written by train.py or fold.py")
 
 if start.startswith("FILE:"):
-    with open(start[5:], encoding="utf-8") as f:
-        start = f.read()
+    try:
+        with open(start[5:], encoding="utf-8") as f:
+            start = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        sys.exit(f"error: cannot read the prompt file {start[5:]!r} ({getattr(e, 'strerror', None) or e}); "
+                 f"give a UTF-8 text file, or the prompt itself with --start=TEXT")
 try:
     prompt = encode(start)
 except ValueError as e:

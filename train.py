@@ -26,7 +26,7 @@ import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import ConfigError, configure
+from configurator import ConfigError, configure, resolve_device
 from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint, save_checkpoint
 
 # -----------------------------------------------------------------------------
@@ -81,43 +81,67 @@ dtype = "auto"  # auto: bfloat16 (or float16 + GradScaler) on CUDA, float32 else
 compile = None  # None: on for CUDA, off elsewhere (it costs 20-35 s on CPU)
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))]
+defaults = {k: globals()[k] for k in config_keys}
+optional = {"head_dim": int, "mlp_hidden": int, "vha_postmix_rank": int, "lr_decay_iters": int, "min_lr": float, "compile": bool}
 try:
-    config = configure({k: globals()[k] for k in config_keys}, sys.argv[1:])
+    config = configure(defaults, sys.argv[1:], optional)
+    config["device"] = resolve_device(config["device"])  # "auto" -> what this machine has
 except ConfigError as e:
     sys.exit(f"error: {e}")
 globals().update(config)
 # -----------------------------------------------------------------------------
+model_fields = ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "mlp_hidden", "rope_theta", "qk_norm",
+                "tie_embeddings", "dropout", "attn", "vha_premix", "vha_postmix", "vha_postmix_rank", "vha_postmix_act", "block_size")
 
-# processes: DDP when launched by torchrun
-ddp = int(os.environ.get("RANK", -1)) != -1
-if device == "auto":
-    device = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-device_type = device.split(":")[0]
-if ddp:
-    init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    if device_type == "cuda":
-        device = f"cuda:{local_rank}"
-        torch.cuda.set_device(device)
-    if gradient_accumulation_steps % world_size:
-        sys.exit(f"error: gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the "
-                 f"{world_size} processes (it is the global number of micro-steps)")
-else:
-    rank, local_rank, world_size = 0, 0, 1
-master = rank == 0
-accum_per_rank = gradient_accumulation_steps // world_size
-tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 
-if dtype == "auto":
-    dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
-if dtype not in ("float32", "bfloat16", "float16", "float64"):
-    sys.exit(f"error: dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
-if compile is None:
-    compile = device_type == "cuda"
+def need(ok, msg):
+    """A bad setting stops the run here, in one line, not as a traceback an hour in."""
+    if not ok:
+        sys.exit(f"error: {msg}")
+
+
+need(init_from in ("scratch", "resume"), f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+for k in ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
+    need(globals()[k] >= 1, f"{k} must be >= 1, got {globals()[k]}")
+need(max_iters >= 0 and warmup_iters >= 0, f"max_iters and warmup_iters must be >= 0, got {max_iters} and {warmup_iters}")
+need(learning_rate > 0 and weight_decay >= 0 and grad_clip >= 0 and 0 <= beta1 < 1 and 0 <= beta2 < 1,
+     "need learning_rate > 0, weight_decay >= 0, grad_clip >= 0 (0 = off) and 0 <= beta1, beta2 < 1")
 if lr_decay_iters is None:
     lr_decay_iters = max_iters
 if min_lr is None:
     min_lr = learning_rate / 10
+need(0 <= min_lr <= learning_rate, f"min_lr={min_lr} must be in [0, learning_rate={learning_rate}]")
+need(not decay_lr or eval_only or warmup_iters <= lr_decay_iters,
+     f"warmup_iters={warmup_iters} is past lr_decay_iters={lr_decay_iters} (default: max_iters), so the learning "
+     f"rate would jump from its peak to min_lr; lower --warmup_iters or raise --lr_decay_iters")
+need(dtype in ("auto", "float32", "bfloat16", "float16", "float64"), f"dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
+if init_from == "scratch":  # bad head/rank/width combinations fail now, before any data is prepared
+    try:
+        GPTConfig(**{k: config[k] for k in model_fields}, vocab_size=1)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+
+# processes: DDP when launched by torchrun
+ddp = int(os.environ.get("RANK", -1)) != -1
+device_type = device.split(":")[0]
+if ddp:
+    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    need(gradient_accumulation_steps % world_size == 0, f"gradient_accumulation_steps={gradient_accumulation_steps} must be "
+         f"a multiple of the {world_size} processes (it is the global number of micro-steps)")
+    if device_type == "cuda":
+        need(local_rank < torch.cuda.device_count(), f"{local_rank + 1}+ processes on this node but only "
+             f"{torch.cuda.device_count()} GPUs; use --nproc_per_node={torch.cuda.device_count()}")
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+else:
+    rank, local_rank, world_size = 0, 0, 1
+master = rank == 0
+accum_per_rank = gradient_accumulation_steps // world_size
+if dtype == "auto":
+    dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
+if compile is None:
+    compile = device_type == "cuda"
 ptdtype = getattr(torch, dtype)
 # params stay float32 (or float64); bf16/fp16 run under autocast
 autocast = torch.autocast(device_type, dtype=ptdtype) if dtype in ("bfloat16", "float16") else nullcontext()
@@ -125,24 +149,64 @@ if device_type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
 
+# output folder: fail now, not after an hour of training (or a long download)
+ckpt_path, log_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
+if master:
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        sys.exit(f"error: out_dir {out_dir!r} is not writable ({e.strerror}); choose another --out_dir")
+    for name in os.listdir(out_dir):  # the temp file of a checkpoint write that a crash cut short
+        if name.startswith(".tmp_ckpt.pt"):
+            os.remove(os.path.join(out_dir, name))
+    need(init_from == "resume" or not os.path.exists(ckpt_path), f"{ckpt_path} exists and init_from='scratch' would "
+         f"overwrite it; continue it with --init_from=resume, or choose a new --out_dir (or delete it)")
+iter_num, best_val_loss, elapsed_before, ckpt = 0, float("inf"), 0.0, None
+if init_from == "resume":  # read the checkpoint first: a bad one fails before any data is prepared
+    try:
+        ckpt = load_checkpoint(ckpt_path)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: cannot resume: {e}")
+    missing = [k for k in ("optimizer", "iter_num", "best_val_loss", "meta") if k not in ckpt]
+    need(not missing, f"cannot resume: {ckpt_path} has no {', '.join(missing)}: it is a model-only checkpoint "
+         f"(e.g. folded), not one train.py wrote; start a new run with --init_from=scratch in another --out_dir")
+    iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
+    need(eval_only or iter_num <= max_iters, f"the checkpoint is at iteration {iter_num}, past max_iters={max_iters}; "
+         f"raise --max_iters to train further")
+    try:
+        model = model_from_checkpoint(ckpt)
+    except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as e:
+        sys.exit(f"error: cannot resume: {ckpt_path} holds no loadable model ({type(e).__name__}: "
+                 f"{' '.join(str(e).split())[:300]}); use an intact checkpoint or retrain")
+    model_args, block_size = ckpt["model_args"], model.cfg.block_size
+    typed = [k for k in model_fields if config[k] != defaults[k] and config[k] != getattr(model.cfg, k)]
+    need(not typed, "a resumed run keeps its checkpoint's model, but you set " + ", ".join(
+        f"{k}={config[k]!r} (checkpoint: {getattr(model.cfg, k)!r})" for k in typed) + "; drop them or start a new --out_dir")
+tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
+
 # data: uint16 token bins + meta.pkl, prepared on first use
 data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
 if master and not os.path.exists(os.path.join(data_dir, "train.bin")):
     prepare = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset, "prepare.py")
-    if not os.path.exists(prepare):
-        sys.exit(f"error: no data in {data_dir} and no data/{dataset}/prepare.py to make it; "
-                 f"prepare it yourself (e.g. python data/text/prepare.py --input FILE --out_dir {data_dir})")
-    print(f"preparing {dataset} into {data_dir} (first use) ...")
+    need(os.path.exists(prepare), f"no data in {data_dir} and no data/{dataset}/prepare.py to make it; prepare "
+         f"it yourself (e.g. python data/text/prepare.py --input FILE --out_dir {data_dir})")
+    print(f"preparing {dataset} into {data_dir} (first use) ...", flush=True)
     if subprocess.run([sys.executable, prepare, "--out_dir", data_dir]).returncode != 0:
-        sys.exit(f"error: preparing {dataset} failed (see above); nothing was trained")
+        sys.exit(1)  # prepare.py printed the one-line error; nothing was trained
 if ddp:
     torch.distributed.barrier()
-with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
-    meta = pickle.load(f)
-splits = {s: np.memmap(os.path.join(data_dir, f"{s}.bin"), dtype=np.uint16, mode="r") for s in ("train", "val")}
+try:
+    with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
+        meta = pickle.load(f)
+    splits = {s: np.memmap(os.path.join(data_dir, f"{s}.bin"), dtype=np.uint16, mode="r") for s in ("train", "val")}
+    vocab_size = meta["vocab_size"]
+except (OSError, ValueError, EOFError, KeyError, pickle.UnpicklingError) as e:
+    sys.exit(f"error: the dataset in {data_dir} is incomplete or corrupt ({type(e).__name__}: {e}); run its "
+             f"prepare.py again (or delete the folder to have it prepared on first use)")
 for s, data in splits.items():
-    if len(data) <= block_size:
-        sys.exit(f"error: {data_dir}/{s}.bin has {len(data)} tokens, fewer than block_size+1={block_size + 1}; lower block_size")
+    need(len(data) > block_size, f"{data_dir}/{s}.bin has {len(data)} tokens, fewer than block_size+1={block_size + 1}; lower block_size")
 
 
 def get_batch(split, generator):
@@ -158,45 +222,32 @@ def rng(it, micro):
     return torch.Generator().manual_seed(seed * 1_000_003 + it * 4099 + micro)
 
 
-# output folder: fail now, not after an hour of training
-if master:
+def logged_before(line, it):
+    """A log row of an iteration before `it`; a line cut short by a crash is dropped."""
     try:
-        os.makedirs(out_dir, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as e:
-        sys.exit(f"error: out_dir {out_dir!r} is not writable ({e.strerror}); choose another --out_dir")
+        return json.loads(line)["iter"] < it
+    except ValueError:
+        return False
+
 
 # model
-model_fields = ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "mlp_hidden", "rope_theta", "qk_norm",
-                "tie_embeddings", "dropout", "attn", "vha_premix", "vha_postmix", "vha_postmix_rank", "vha_postmix_act")
-model_args = dict({k: globals()[k] for k in model_fields}, vocab_size=meta["vocab_size"], block_size=block_size)
-iter_num, best_val_loss, elapsed_before, ckpt = 0, float("inf"), 0.0, None
-if init_from == "resume":
-    try:
-        ckpt = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
-    except (FileNotFoundError, ValueError) as e:
-        sys.exit(f"error: cannot resume: {e}")
-    if ckpt["model_args"]["vocab_size"] != meta["vocab_size"]:
-        sys.exit(f"error: vocab mismatch: the checkpoint's model has vocab {ckpt['model_args']['vocab_size']} but "
-                 f"{data_dir} has {meta['vocab_size']}; resume with the dataset it was trained on")
-    model_args = ckpt["model_args"]
-    model = model_from_checkpoint(ckpt)
-    iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
-elif init_from == "scratch":
-    torch.manual_seed(seed)
-    try:
-        model = GPT(GPTConfig(**model_args))
-    except ValueError as e:
-        sys.exit(f"error: {e}")
+if ckpt is not None:
+    was, now = [(m.get("tokenizer"), m["vocab_size"], m.get("stoi")) for m in (ckpt["meta"], meta)]
+    need(was == now, f"vocab mismatch: the checkpoint was trained with the {was[0]} tokenizer ({was[1]} tokens) but {data_dir} "
+         f"has " + ("other characters" if was[:2] == now[:2] else f"the {now[0]} tokenizer ({now[1]} tokens)") + "; resume with the dataset it was trained on")
+    n_params = model.num_params()
 else:
-    sys.exit(f"error: init_from must be 'scratch' or 'resume', got {init_from!r}")
+    model_args = dict({k: config[k] for k in model_fields}, vocab_size=vocab_size)
+    with torch.device("meta"):  # count the parameters without allocating them
+        n_params = GPT(GPTConfig(**model_args)).num_params()
+if master:  # weights + two AdamW moments in fp32, twice while a new checkpoint replaces the old one
+    need_bytes, free = n_params * 4 * 3 * 2, shutil.disk_usage(out_dir).free
+    need(free >= need_bytes, f"{out_dir} has {free / 1e6:,.0f} MB free but checkpoints of this {n_params / 1e6:,.1f}M-parameter "
+         f"model need about {need_bytes / 1e6:,.0f} MB; free some space or choose another --out_dir")
+if ckpt is None:
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**model_args))
 model.to(device, dtype=torch.float64 if dtype == "float64" else torch.float32)
-if master:
-    need = model.num_params() * 4 * 3 * 2  # weights + two AdamW moments, twice (temp file + old file)
-    free = shutil.disk_usage(out_dir).free
-    if free < need:
-        sys.exit(f"error: {out_dir} has {free / 1e6:.0f} MB free but a checkpoint needs about {need / 1e6:.0f} MB; free some space")
 
 # AdamW. Decay: matrices (linears, embedding) and postmix U, V (their decay pulls M = I + V U^T toward
 # the identity, the plain-GQA prior). No decay: norms, and premix P, whose natural centre is the
@@ -254,13 +305,13 @@ PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L
 peak = next((v for k, v in PEAK_FLOPS.items() if device_type == "cuda" and k in torch.cuda.get_device_name()), None)
 flops_per_iter = raw_model.flops_per_token(block_size, training=True) * tokens_per_iter
 
-log_path = os.path.join(out_dir, "log.jsonl")
 if master:
     if init_from == "resume" and os.path.exists(log_path):  # drop rows past the checkpoint: they will be redone
         with open(log_path) as f:
-            rows = [line for line in f if json.loads(line)["iter"] < iter_num]
-        with open(log_path, "w") as f:
+            rows = [line.rstrip("\n") + "\n" for line in f if logged_before(line, iter_num)]
+        with open(log_path + ".tmp", "w") as f:  # replaced in one step: a crash now cannot lose the log
             f.writelines(rows)
+        os.replace(log_path + ".tmp", log_path)
     elif init_from == "scratch":
         open(log_path, "w").close()
     print(f"{raw_model.cfg.attn} model: {raw_model.num_params() / 1e6:.2f}M params, KV cache "
@@ -272,10 +323,41 @@ if master:
 
 
 def log(row):
-    with open(log_path, "a") as f:
-        f.write(json.dumps(row) + "\n")
+    try:
+        with open(log_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    except OSError as e:
+        sys.exit(f"error: cannot write {log_path} at iteration {row['iter']} ({e.strerror}); free some space, "
+                 f"then continue with --init_from=resume")
     if wandb_log:
         wandb.log(row, step=row["iter"])
+
+
+def kept():
+    return f"{ckpt_path} (iteration {saved_iter}) is kept" if saved_iter is not None else "no checkpoint was written yet"
+
+
+def diverged(what, value):
+    """Stops every process without saving: the checkpoint on disk is the last one whose losses were finite."""
+    fix = "lower --learning_rate" + (", set --grad_clip=1.0" if not grad_clip else "") + " or raise --warmup_iters" + (
+        "; or use bfloat16/float32 (float16 overflows)" if dtype == "float16" else "")
+    sys.exit(f"error: {what} is {value} at iteration {iter_num}: the run diverged and stopped; {kept()}. To fix: {fix}"
+             if master else 1)
+
+
+def save(it, elapsed):
+    state = [*raw_model.parameters(), *(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))]
+    if not all(t.isfinite().all() for t in state):  # finite losses, yet overflowed weights or Adam moments
+        diverged("a weight or Adam moment", "inf or nan")
+    try:  # temp file + fsync + rename: a crash here leaves the previous checkpoint intact
+        save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
+                         "model_args": model_args, "iter_num": it, "best_val_loss": best_val_loss, "config": config,
+                         "meta": meta, "elapsed": elapsed, "kind": "nanovha"}, ckpt_path)
+    except (OSError, RuntimeError) as e:
+        sys.exit(f"error: writing the checkpoint of iteration {it} failed, is the disk full? ({str(e).splitlines()[0]}); "
+                 f"{kept()}: free some space, then continue with --init_from=resume")
+    global saved_iter
+    saved_iter = it
 
 
 use_bar = master and sys.stderr.isatty()
@@ -284,7 +366,7 @@ if use_bar:
     bar = tqdm(total=max_iters, initial=iter_num, dynamic_ncols=True)
 say = bar.write if use_bar else print
 t_start = time.time() - elapsed_before
-t_last, iters_since = time.time(), 0
+t_last, iters_since, saved_iter = time.time(), 0, iter_num if init_from == "resume" else None
 health_batch = get_batch("val", torch.Generator().manual_seed(seed + 3))[0][:4]
 model.train()
 while True:
@@ -293,7 +375,10 @@ while True:
         group["lr"] = lr
 
     if iter_num % eval_interval == 0 or iter_num == max_iters:
-        losses = estimate_loss()
+        losses = estimate_loss()  # the same on every process
+        for split, v in losses.items():
+            if not math.isfinite(v):
+                diverged(f"the eval {split} loss", v)
         if master:
             elapsed = time.time() - t_start
             row = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"], "time": elapsed,
@@ -301,16 +386,10 @@ while True:
             log(row)
             say(f"step {iter_num}: train {losses['train']:.4f}, val {losses['val']:.4f}, {elapsed:.0f}s"
                 + "".join(f", {k} {v:.3g}" for k, v in row.items() if k.startswith(("premix", "postmix"))))
-            if not all(math.isfinite(v) for v in losses.values()):
-                sys.exit(f"error: non-finite eval loss at iteration {iter_num}; the last good checkpoint "
-                         f"in {out_dir} was kept. Lower learning_rate or check the data")
             if losses["val"] < best_val_loss or always_save_checkpoint:
                 best_val_loss = min(best_val_loss, losses["val"])
-                if iter_num > 0 and not eval_only:
-                    save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                                     "scaler": scaler.state_dict(), "model_args": model_args, "iter_num": iter_num,
-                                     "best_val_loss": best_val_loss, "config": config, "meta": meta,
-                                     "elapsed": elapsed, "kind": "nanovha"}, os.path.join(out_dir, "ckpt.pt"))
+                if iter_num > 0 and iter_num != saved_iter and not eval_only:  # not again after a resume
+                    save(iter_num, elapsed)
     if eval_only or iter_num >= max_iters:
         break
 
@@ -337,8 +416,7 @@ while True:
         torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG)
     loss_value = loss_sum.item()
     if not math.isfinite(loss_value):
-        sys.exit(f"error: loss is {loss_value} at iteration {iter_num}; stopped without saving, the last good "
-                 f"checkpoint in {out_dir} was kept. Lower learning_rate, or use float32/bfloat16")
+        diverged("the training loss", loss_value)
     iters_since += 1
     if master and (iter_num % log_interval == 0 or iter_num == max_iters - 1):
         dt = (time.time() - t_last) / iters_since

