@@ -65,9 +65,16 @@ class KVCache(nn.Module):
         shape = (batch_size, n_kv_head, max_len, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("positions", torch.arange(max_len, device=device), persistent=False)  # for static masks
 
     def update(self, start, k, v):
-        """Writes k, v (B, H_kv, T, hd) at positions start..start+T-1; returns the filled prefix."""
+        """Writes k, v (B, H_kv, T, hd) at positions start..start+T-1. An int `start` returns the filled
+        prefix (shapes grow each step); a (1,) long tensor (static shapes, one token) returns the whole
+        cache, and the caller masks the positions after `start`."""
+        if isinstance(start, torch.Tensor):
+            self.k.index_copy_(2, start, k)
+            self.v.index_copy_(2, start, v)
+            return self.k, self.v
         end = start + k.size(2)
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
@@ -87,13 +94,16 @@ def plain_attention(q, k, v):
     return scores.softmax(dim=-1) @ v  # (B, H_q, Tq, hd)
 
 
-def grouped_decode_attention(q, k, v):
+def grouped_decode_attention(q, k, v, visible=None):
     """One-token decode (Tq=1) with one matmul per KV head: reads each cached K/V once, however
-    many query heads share it (CPU SDPA does per-query-head work at Tq=1). q: (B, H_q, 1, hd)."""
+    many query heads share it (CPU SDPA does per-query-head work at Tq=1). q: (B, H_q, 1, hd).
+    visible: None (k, v hold exactly the past) or a (Tk,) bool mask of the positions to attend."""
     B, H_q, _, hd = q.shape
     H_kv = k.size(1)
-    qg = q.view(B, H_kv, H_q // H_kv, hd)  # (B, H_kv, group, hd): heads j = g*group + i
-    scores = qg @ k.transpose(-2, -1) / math.sqrt(hd)  # (B, H_kv, group, Tk)
+    qg = q.view(B, H_kv, H_q // H_kv, hd) * hd ** -0.5  # (B, H_kv, group, hd): heads j = g*group + i; scaled
+    scores = qg @ k.transpose(-2, -1)  # (B, H_kv, group, Tk): scaling q is cheaper than scaling Tk scores
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
     out = scores.softmax(dim=-1) @ v  # (B, H_kv, group, hd)
     return out.view(B, H_q, 1, hd)
 
@@ -144,6 +154,16 @@ class Attention(nn.Module):
             self.postmix_ratio = (delta.float().norm(dim=(1, 3)) / a.float().norm(dim=(1, 3)).clamp_min(1e-12)).mean().item()
         return a + delta
 
+    def postmixed_o_weight(self):
+        """W_o with the linear postmix folded in: y = W_o (M a) = (W_o M) a over the head axis, M = I + V U^T,
+        so W_o'[:, h] = sum_j M[j, h] W_o[:, j] (GPT.fold_to_gqa's fold, redone each call and differentiable).
+        D*H*H*d multiply-adds per call instead of passes over every token's heads: the forward uses it when a
+        whole sequence shares one call (training), where it cut attention time ~5% on CPU."""
+        D, H, d = self.cfg.n_embd, self.cfg.n_attn_head, self.cfg.head_dim
+        M = torch.eye(H, dtype=self.postmix_V.dtype, device=self.postmix_V.device) + self.postmix_V @ self.postmix_U.t()  # (H, H)
+        W_o = self.o_proj.weight.view(D, H, d)  # (D, H, d)
+        return torch.einsum("Djc,jh->Dhc", W_o, M).reshape(D, H * d)  # (D, H*d)
+
     def forward(self, x, cos, sin, start_pos=None):
         """x: (B, T, D). start_pos=None: training/no-cache; else write the KV cache at start_pos."""
         cfg = self.cfg
@@ -158,17 +178,25 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, d)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        static = isinstance(start_pos, torch.Tensor)  # static-shape decode (torch.compile, CUDA graphs)
         if start_pos is not None:
-            k, v = self.kv_cache.update(start_pos, k, v)  # (B, H_kv, start_pos+T, d)
-        if cfg.attn_impl == "plain":
+            k, v = self.kv_cache.update(start_pos, k, v)  # (B, H_kv, start_pos+T, d); static: the whole cache
+        visible = self.kv_cache.positions <= start_pos if static else None  # (max_len,): written positions
+        if cfg.attn_impl == "plain" and not static:
             a = plain_attention(q, k, v)
         elif T == 1 and start_pos is not None and cfg.decode_impl == "grouped":
-            a = grouped_decode_attention(q, k, v)
+            a = grouped_decode_attention(q, k, v, visible)
+        elif static:  # SDPA on the grouped view: the heads sharing a KV head are its query rows
+            G = cfg.n_attn_head // cfg.n_kv_head
+            a = F.scaled_dot_product_attention(q.view(B, cfg.n_kv_head, G, d), k, v, attn_mask=visible.view(1, 1, 1, -1))
+            a = a.view(B, cfg.n_attn_head, 1, d)  # (B, H_kv, G, d) -> (B, H, 1, d)
         else:  # prefill starts at 0 and training has no cache, so the causal mask is the square one
             assert start_pos in (None, 0) or T == 1, "multi-token steps after prefill are not supported"
             a = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True,
                                                dropout_p=cfg.dropout if self.training else 0.0)
-        if cfg.has_postmix:
+        if cfg.has_postmix and cfg.vha_postmix_act == "linear" and start_pos is None and not self.record_postmix:
+            return F.linear(a.transpose(1, 2).reshape(B, T, cfg.n_attn_head * d), self.postmixed_o_weight())  # (B, T, D)
+        if cfg.has_postmix:  # decoding (one token: cheaper than the fold), SiLU postmix, or health recording
             a = self.apply_postmix(a)  # (B, H, T, d)
         return self.o_proj(a.transpose(1, 2).reshape(B, T, cfg.n_attn_head * d))  # (B, T, H*d) -> (B, T, D)
 
@@ -316,20 +344,46 @@ class GPT(nn.Module):
 
     # ---- generation with a preallocated KV cache (gpt-fast style) ----
     def setup_cache(self, batch_size, max_len, dtype=None, device=None):
+        """One KVCache per layer for positions 0..max_len-1, and the RoPE table of those positions
+        (angles in float64, cast once here: a decode step then only slices it)."""
         p = self.embed.weight
+        device = device or p.device
         for block in self.blocks:
-            block.attn.kv_cache = KVCache(batch_size, self.cfg.n_kv_head, max_len, self.cfg.head_dim,
-                                          dtype or p.dtype, device or p.device)
+            block.attn.kv_cache = KVCache(batch_size, self.cfg.n_kv_head, max_len, self.cfg.head_dim, dtype or p.dtype, device)
+        cos, sin = rope_cos_sin(torch.arange(max_len, device=device), self.cfg.head_dim, self.cfg.rope_theta, p.dtype)
+        self.register_buffer("rope_cos", cos, persistent=False)  # buffers: static inputs for CUDA graphs
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward_cached(self, idx, pos):
+        """idx (B, T) at positions pos..pos+T-1, through the cache; returns last-position logits (B, vocab).
+        pos: an int (attention reads the filled prefix), or a (1,) long tensor for one token with static
+        shapes (attention reads the whole cache, masked): what torch.compile and CUDA graphs want."""
+        B, T = idx.shape
+        if getattr(self, "rope_cos", None) is None:
+            raise RuntimeError("no KV cache: call setup_cache(batch_size, max_len) first")
+        if isinstance(pos, torch.Tensor):
+            assert T == 1, "a tensor position decodes one token"
+            cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (1, hd)
+        else:
+            if pos + T > self.rope_cos.size(0):
+                raise ValueError(f"positions up to {pos + T} do not fit the cache ({self.rope_cos.size(0)}); "
+                                 f"call setup_cache with a larger max_len")
+            cos, sin = self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T]  # (T, hd)
+        x = self.drop(self.embed(idx))  # (B, T, D)
+        for block in self.blocks:
+            x = block(x, cos, sin, pos)
+        return self.lm_head(self.norm(x[:, -1]))  # the LM head only where the next token is read
 
     @torch.no_grad()
     def prefill(self, idx):
         """Runs the prompt (B, T) from position 0, filling the cache; returns last-position logits (B, vocab)."""
-        return self(idx, start_pos=0)[0][:, -1]
+        return self.forward_cached(idx, 0)
 
     @torch.no_grad()
     def decode_one_token(self, token, pos):
-        """token: (B, 1) at position `pos`; the cache already holds positions < pos. Returns (B, vocab)."""
-        return self(token, start_pos=pos)[0][:, -1]
+        """token: (B, 1) at position `pos` (int or (1,) long tensor); the cache holds positions < pos.
+        Returns (B, vocab)."""
+        return self.forward_cached(token, pos)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
@@ -373,7 +427,7 @@ class GPT(nn.Module):
             dev, div = [], []
             for a in attns:
                 P = a.premix.double()
-                D_g = P - torch.eye(c.head_dim, dtype=P.dtype)  # (H_kv, d, d)
+                D_g = P - torch.eye(c.head_dim, dtype=P.dtype, device=P.device)  # (H_kv, d, d)
                 dev.append(D_g.flatten(1).norm(dim=1).mean())  # mean_g ||P_g - I||_F
                 if c.n_kv_head > 1:  # mean_{g!=g'} ||P_g - P_g'||^2 / mean_g ||P_g - I||^2
                     pair = (D_g[:, None] - D_g[None]).flatten(2).pow(2).sum(-1)
@@ -387,7 +441,7 @@ class GPT(nn.Module):
             for a in attns:
                 VU = a.postmix_V.double() @ a.postmix_U.double().t()
                 sig.append(torch.linalg.matrix_norm(VU, ord=2))
-                M = torch.eye(VU.size(0), dtype=VU.dtype) + VU
+                M = torch.eye(VU.size(0), dtype=VU.dtype, device=VU.device) + VU
                 offd.append((M - torch.diag(torch.diag(M))).pow(2).sum() / M.pow(2).sum())  # share of ||M||_F^2
             out["postmix_sigma_max"] = torch.stack(sig).mean().item()
             out["postmix_offdiag_share"] = torch.stack(offd).mean().item()
@@ -429,7 +483,7 @@ class GPT(nn.Module):
                 Wq_folded = torch.einsum("gce,hcD->gheD", P, Wq)  # [g, h] = P[g]^T W_q[h]: (H_kv, H_p, d, D)
                 sd[f"blocks.{i}.attn.q_proj.weight"] = Wq_folded.reshape(H * d, D).to(a.q_proj.weight.dtype)
             if c.has_postmix:
-                M = torch.eye(H, dtype=torch.float64) + a.postmix_V.double() @ a.postmix_U.double().t()  # (H, H)
+                M = torch.eye(H, dtype=torch.float64, device=a.postmix_V.device) + a.postmix_V.double() @ a.postmix_U.double().t()  # (H, H)
                 Wo = a.o_proj.weight.double().view(D, H, d)  # (D, H, d)
                 Wo_folded = torch.einsum("jh,Djc->Dhc", M, Wo)  # W_o'[:, h] = sum_j M[j, h] W_o[:, j]
                 sd[f"blocks.{i}.attn.o_proj.weight"] = Wo_folded.reshape(D, H * d).to(a.o_proj.weight.dtype)

@@ -1,0 +1,468 @@
+"""
+Benchmarks for nanoVHA (nanoGPT's bench.py role). Three modes:
+
+    python bench_decode.py --plot=decode.png       # decode: MHA, GQA-8/4/2, MQA and a folded VHA vs context
+    python bench_decode.py --variants=mha,gqa2,vha_folded --contexts=1024,4096,16384
+    python bench_decode.py --ckpt=out-vha-small/ckpt.pt   # add a trained checkpoint (a VHA one is folded first)
+    python bench_decode.py --mode=train            # training tokens/s: VHA vs GQA-8 vs same-deploy GQA
+    python bench_decode.py --mode=costs            # the paper's 1.7B shapes: params, KV bytes, FLOPs (meta device)
+
+Speed does not depend on training, so the models have random weights. Variants are timed
+interleaved (one step of each in turn), so machine noise hits them alike; figures are medians
+with warm-up steps excluded. The last stdout line is one JSON object with every figure.
+"""
+import copy
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from contextlib import nullcontext
+
+import torch
+
+from configurator import ConfigError, configure, resolve_device
+from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint
+
+# -----------------------------------------------------------------------------
+mode = "decode"  # decode, train or costs
+# model width: None takes the mode's default (decode 6 x 512 with head dim 32; train 4 x 256 with head dim 16)
+n_layer = None
+n_embd = None
+n_head = 16  # query heads that attend (VHA: the virtual heads)
+head_dim = None
+vocab_size = 128  # small, so the LM head does not hide the KV cache
+vha_kv_head = 2  # VHA: n_head virtual heads from n_head / vha_kv_head physical projections
+batch_size = None  # None: 1 (decode), 16 (train)
+# decode
+variants = "mha,gqa8,gqa4,gqa2,mqa,vha_folded"  # mha, mqa, gqaN (N KV heads), vha_folded
+contexts = "auto"  # comma-separated; auto: 1K..16K on CPU, 1K..128K on CUDA
+decode_steps = 30  # timed steps per variant and context
+prefill_max = None  # prefill (TTFT) is timed at min(context, prefill_max); None: 2048 on CPU, 32768 on CUDA
+prefill_repeats = 3
+decode_impl = "auto"  # one-token attention: grouped, sdpa, or auto (grouped on CPU, sdpa on CUDA)
+ckpt = ""  # a nanoVHA checkpoint to benchmark as variant "ckpt"; the other variants take its shape
+copy_mib = 1024  # size of the tensor copy that measures the peak bandwidth
+weight_layout = "out_in"  # Linear weights in memory: out_in (PyTorch's) or in_out (same values, transposed storage)
+plot = ""  # PNG path: tokens/s and KV memory vs context
+# train
+block_size = 256  # tokens per sequence
+train_steps = 10  # timed steps per variant
+# costs
+cost_configs = "config/paper_1p7b_gqa8.py,config/paper_1p7b_gqa2.py,config/paper_1p7b_gqa_8q2kv.py,config/paper_1p7b_vha.py"
+# system
+warmup = 3  # untimed steps per variant
+device = "auto"
+dtype = "float32"  # decode: weights and cache in this dtype; train: bfloat16/float16 means autocast
+compile = False  # torch.compile the decode step (CUDA: mode reduce-overhead, i.e. CUDA graphs) or the train model
+threads = 0  # CPU threads (0: torch's default)
+seed = 1337
+# -----------------------------------------------------------------------------
+defaults = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
+try:
+    config = configure(defaults, sys.argv[1:], optional={"n_layer": int, "n_embd": int, "head_dim": int,
+                                                         "batch_size": int, "prefill_max": int})
+    device = resolve_device(config.pop("device"))
+except ConfigError as e:
+    sys.exit(f"error: {e}")
+globals().update(config)
+
+
+def need(ok, msg):
+    """A bad setting stops the run here, in one line."""
+    if not ok:
+        sys.exit(f"error: {msg}")
+
+
+device_type = device.split(":")[0]
+need(mode in ("decode", "train", "costs"), f"mode must be decode, train or costs, got {mode!r}")
+need(dtype in ("float32", "bfloat16", "float16", "float64"), f"dtype must be float32, bfloat16, float16 or float64, got {dtype!r}")
+if decode_impl == "auto":  # CPU SDPA at one query does per-query-head work, however few KV heads there are
+    decode_impl = "sdpa" if device_type == "cuda" else "grouped"
+need(decode_impl in ("grouped", "sdpa"), f"decode_impl must be auto, grouped or sdpa, got {decode_impl!r}")
+need(weight_layout in ("out_in", "in_out"), f"weight_layout must be out_in or in_out, got {weight_layout!r}")
+for key, (for_decode, for_train) in dict(n_layer=(6, 4), n_embd=(512, 256), head_dim=(32, 16), batch_size=(1, 16)).items():
+    if config[key] is None:  # the mode's default
+        globals()[key] = for_decode if mode == "decode" else for_train
+if prefill_max is None:
+    prefill_max = 32768 if device_type == "cuda" else 2048
+for key in ("decode_steps", "prefill_repeats", "train_steps", "block_size", "copy_mib", "n_head", "vocab_size",
+            "vha_kv_head", "batch_size", "prefill_max"):
+    need(globals()[key] >= 1, f"{key} must be >= 1, got {globals()[key]}")
+need(warmup >= 0, f"warmup must be >= 0, got {warmup}")
+ptdtype = getattr(torch, dtype)
+if threads:
+    torch.set_num_threads(threads)
+if compile:
+    import torch._dynamo
+    torch._dynamo.config.recompile_limit = 64  # one graph per model and cache size
+
+
+sync = {"cuda": torch.cuda.synchronize, "mps": lambda: torch.mps.synchronize()}.get(device_type, lambda: None)
+
+
+def timed(fn):
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
+def interleaved(fns, n_timed):
+    """warmup + n_timed rounds, each calling every fn once in turn; median seconds per fn, warm-up excluded."""
+    times = {name: [] for name in fns}
+    for i in range(warmup + n_timed):
+        for name, fn in fns.items():
+            times[name].append(timed(fn))
+    return {name: statistics.median(ts[warmup:]) for name, ts in times.items()}
+
+
+def print_table(rows, columns):
+    """columns: (header, key, format); right-aligned, one line per row."""
+    cells = [[h for h, _, _ in columns]] + [[fmt.format(r[k]) if r.get(k) is not None else "-" for _, k, fmt in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    for row in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+
+
+def verdict(ok):
+    return "PASS" if ok else "FAIL"
+
+
+shape = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head, head_dim=head_dim)
+
+
+def build(**kw):
+    """A random-weight model of the benchmark's shape; kw picks the attention."""
+    try:
+        return GPT(GPTConfig(**dict(shape, decode_impl=decode_impl, **kw)))
+    except ValueError as e:
+        need(False, e)
+
+
+# ----------------------------------------------------------------------------- decode
+def attention_of(name):
+    """Variant name -> GPTConfig overrides."""
+    kv = {"mha": shape["n_head"], "mqa": 1, "vha_folded": vha_kv_head}.get(name)
+    if kv is None and name.startswith("gqa") and name[3:].isdigit():
+        kv = int(name[3:])
+    need(kv is not None, f"unknown variant {name!r}: choose from mha, mqa, gqaN (N KV heads, e.g. gqa2), vha_folded, ckpt (with --ckpt)")
+    need(kv >= 1 and shape["n_head"] % kv == 0, f"variant {name!r}: {shape['n_head']} query heads cannot share {kv} KV heads evenly")
+    return dict(n_kv_head=kv, attn="vha" if name == "vha_folded" else "gqa")
+
+
+def fold(vha, tag):
+    """VHA -> the plain GQA model GPT.fold_to_gqa describes; checks the logits agree (float64)."""
+    vha64 = copy.deepcopy(vha).double().eval()
+    try:
+        cfg, state = vha64.fold_to_gqa()
+    except ValueError as e:
+        need(False, f"{tag}: {e}")
+    folded = GPT(cfg).double().eval()
+    folded.load_state_dict(state)
+    x = torch.randint(cfg.vocab_size, (2, min(16, cfg.block_size)), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        diff = (vha64(x)[0] - folded(x)[0]).abs().max().item()
+    print(f"{tag}: folded {vha.cfg.n_q_proj} physical -> {cfg.n_head} query heads, {cfg.n_kv_head} KV heads; "
+          f"max |logit difference| vs the VHA model {diff:.1e} (float64)")
+    return folded, diff
+
+
+def decode_models():
+    """name -> model on the device in dtype, eval; a VHA (random or --ckpt) is folded first."""
+    names, models, fold_diffs = [v for v in variants.split(",") if v and v != "ckpt"], {}, {}
+    need(ckpt or "ckpt" not in variants.split(","), "variant 'ckpt' needs --ckpt=PATH")
+    if ckpt:
+        try:
+            real = model_from_checkpoint(load_checkpoint(ckpt))
+        except (FileNotFoundError, ValueError) as e:
+            need(False, e)
+        except (TypeError, KeyError, RuntimeError) as e:
+            need(False, f"{ckpt} holds no loadable nanoVHA model ({type(e).__name__}: {str(e).splitlines()[0]})")
+        c = real.cfg
+        shape.update({k: getattr(c, k) for k in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "head_dim",
+                                                  "mlp_hidden", "rope_theta", "qk_norm", "tie_embeddings")})
+        print(f"ckpt: {ckpt} ({c.attn}, {c.n_layer} layers, width {c.n_embd}); the other variants take its shape")
+        models["ckpt"], c.decode_impl = real, decode_impl
+        if c.attn == "vha":
+            models["ckpt"], fold_diffs["ckpt"] = fold(real, "ckpt")
+    need(models or names, "no variants: give --variants=... (e.g. mha,gqa2,vha_folded)")
+    for name in names:
+        torch.manual_seed(seed)
+        model = build(**attention_of(name))
+        if name == "vha_folded":  # move premix and postmix away from the identity, so the fold has work to do
+            with torch.no_grad():
+                for block in model.blocks:
+                    block.attn.premix.add_(0.1 * torch.randn_like(block.attn.premix))
+                    block.attn.postmix_V.normal_(0, 0.3)
+            model, fold_diffs[name] = fold(model, name)
+        models[name] = model
+    for model in models.values():
+        model.to(device, ptdtype).eval()
+        for m in model.modules():  # in_out: F.linear then multiplies by a contiguous W^T (a one-token CPU GEMV
+            if weight_layout == "in_out" and isinstance(m, torch.nn.Linear):  # read it ~15% faster in a noisy test)
+                m.weight.data = m.weight.data.t().contiguous().t()  # same values and shape, transposed storage
+    return models, fold_diffs
+
+
+def copy_bandwidth():
+    """The peak this run can reach: a large tensor copy, read + write counted (device to device on CUDA)."""
+    src = torch.full((copy_mib * 2**20 // 4,), 1.0, device=device)
+    dst = torch.empty_like(src)
+    seconds = statistics.median([timed(lambda: dst.copy_(src)) for _ in range(6)][1:])  # the first is a warm-up
+    return 2 * copy_mib * 2**20 / seconds
+
+
+def weight_bytes(model):
+    """Bytes of weights one decode step reads (an untied embedding only reads B rows: not counted)."""
+    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    return n if model.cfg.tie_embeddings else n - model.embed.weight.numel() * model.embed.weight.element_size()
+
+
+def decode_step(model, ctx, compiled):
+    """A closure that decodes one token at positions ctx, ctx+1, ... (the cache holds positions < ctx)."""
+    token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
+    if compiled is None:  # an int position: attention reads the filled prefix
+        positions = itertools.count(ctx)
+        return lambda: model.decode_one_token(token, next(positions))
+    pos = torch.tensor([ctx], device=device)  # a tensor position: static shapes, one graph per cache size
+    return lambda: (compiled(token, pos), pos.add_(1))
+
+
+def time_decode(models, ctx, compiled):
+    """Median s/token at context ctx for every model; the context is random K/V written straight into
+    the cache (a real prefill of 16K tokens takes ~20 s per variant on CPU; speed ignores the values)."""
+    steps, kv_alloc = {}, {}
+    for name, model in models.items():
+        model.setup_cache(batch_size, ctx + 1 + warmup + decode_steps)
+        for block in model.blocks:
+            block.attn.kv_cache.k[:, :, :ctx].normal_()
+            block.attn.kv_cache.v[:, :, :ctx].normal_()
+        kv_alloc[name] = sum(b.attn.kv_cache.k.nbytes + b.attn.kv_cache.v.nbytes for b in model.blocks)
+        steps[name] = decode_step(model, ctx, compiled.get(name))
+        if compiled:
+            steps[name]()  # compiles (per model and cache size: ~20 s on CPU), untimed
+    seconds = interleaved(steps, decode_steps)
+    for model in models.values():  # free the caches before the next context
+        for block in model.blocks:
+            block.attn.kv_cache = None
+        model.rope_cos = model.rope_sin = None
+    if compiled:
+        torch._dynamo.reset()
+    return seconds, kv_alloc
+
+
+def time_prefill(models, length):
+    """Median seconds of a prefill of `length` tokens (time to first token), interleaved."""
+    prompt = torch.randint(shape["vocab_size"], (batch_size, length), device=device)
+    for model in models.values():
+        model.setup_cache(batch_size, length)
+        model.prefill(prompt[:, :length if device_type == "cuda" else min(length, 256)])  # warm-up
+    seconds = {name: [] for name in models}
+    for _ in range(prefill_repeats):
+        for name, model in models.items():
+            seconds[name].append(timed(lambda: model.prefill(prompt)))
+    return {name: statistics.median(ts) for name, ts in seconds.items()}
+
+
+def op_floor_model():
+    """The same layers and ops at head dim 2 (width 2 x n_head): what is left is per-op overhead."""
+    torch.manual_seed(seed)
+    return build(n_embd=2 * shape["n_head"], head_dim=2, mlp_hidden=2 * shape["n_head"], n_kv_head=vha_kv_head).to(device, ptdtype).eval()
+
+
+def run_decode():
+    parts = contexts.split(",")
+    need(contexts == "auto" or all(p.isdigit() and int(p) >= 1 for p in parts),
+         f"--contexts wants comma-separated positive integers (e.g. 1024,4096) or auto, got {contexts!r}")
+    ctxs = [2**i for i in range(10, 18 if device_type == "cuda" else 15)] if contexts == "auto" else [int(p) for p in parts]
+    models, fold_diffs = decode_models()
+    kw = dict(mode="reduce-overhead") if device_type == "cuda" else {}  # CUDA graphs on CUDA
+
+    def compiled_steps(models):
+        return {n: torch.compile(m.decode_one_token, fullgraph=True, **kw) for n, m in models.items()} if compile else {}
+    bw = copy_bandwidth()
+    c = next(iter(models.values())).cfg
+    print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, batch {batch_size}, decode attention {decode_impl}, "
+          f"compile {compile}, weights {weight_layout}; {c.n_layer} layers, width {c.n_embd}, {c.n_head} query heads of dim {c.head_dim}, vocab {c.vocab_size}")
+    print(f"peak bandwidth (copy of {copy_mib} MiB, read + write): {bw / 1e9:.1f} GB/s")
+    print(f"decode: the context is random K/V written into the cache (no prefill), then {decode_steps} timed steps "
+          f"(+{warmup} warm-up) per variant, interleaved; prefill (TTFT) timed separately at min(context, {prefill_max})")
+    prefill = {length: time_prefill(models, length) for length in sorted({min(c, prefill_max) for c in ctxs})}
+    compiled, rows = compiled_steps(models), []
+    for ctx in ctxs:
+        seconds, kv_alloc = time_decode(models, ctx, compiled)
+        for name, model in models.items():
+            p_len, kv_tok, s = min(ctx, prefill_max), model.kv_bytes_per_token(ptdtype), seconds[name]
+            step_bytes = weight_bytes(model) + kv_tok * ctx * batch_size  # read once per decoded token
+            rows.append(dict(variant=name, ctx=ctx, kv_bytes_per_token=kv_tok, kv_cache_mb=kv_alloc[name] / 1e6, prefill_len=p_len,
+                             ttft_ms=prefill[p_len][name] * 1e3, prefill_tok_s=batch_size * p_len / prefill[p_len][name],
+                             decode_ms=s * 1e3, decode_tok_s=batch_size / s, mb_per_step=step_bytes / 1e6,
+                             gb_s=step_bytes / s / 1e9, bw_frac=step_bytes / s / bw))
+    print_table(rows, [("variant", "variant", "{}"), ("context", "ctx", "{}"), ("KV B/token", "kv_bytes_per_token", "{}"),
+                       ("KV MB alloc", "kv_cache_mb", "{:.1f}"), ("prefill", "prefill_len", "{}"), ("TTFT ms", "ttft_ms", "{:.1f}"),
+                       ("prefill tok/s", "prefill_tok_s", "{:.0f}"), ("decode ms/tok", "decode_ms", "{:.2f}"),
+                       ("decode tok/s", "decode_tok_s", "{:.1f}"), ("MB/step", "mb_per_step", "{:.1f}"),
+                       ("GB/s", "gb_s", "{:.1f}"), ("of peak", "bw_frac", "{:.0%}")])
+
+    # where the time goes: the fixed part (context 1, timed right after the sweep) and the part that grows with the cache
+    floor_models = dict(models, op_floor=op_floor_model())  # op_floor: the same ops at head dim 2, no bandwidth
+    floor_ms = {n: s * 1e3 for n, s in time_decode(floor_models, 1, compiled_steps(floor_models))[0].items()}
+    top = 16384 if 16384 in ctxs else max(ctxs)
+    at = {(r["variant"], r["ctx"]): r for r in rows}
+    breakdown = {}
+    for name, model in models.items():
+        r, weights_ms = at[(name, top)], weight_bytes(model) / bw * 1e3
+        kv_ms, kv_bytes = r["decode_ms"] - floor_ms[name], r["mb_per_step"] * 1e6 - weight_bytes(model)
+        breakdown[name] = dict(variant=name, ms_ctx1=floor_ms[name], weights_ms=weights_ms, overhead_ms=floor_ms[name] - weights_ms,
+                               ms_top=r["decode_ms"], kv_ms=kv_ms, kv_gb_s=kv_bytes / kv_ms / 1e6 if kv_ms > 0 else None,
+                               roofline_ms=r["mb_per_step"] / bw * 1e9)
+    print(f"\nbreakdown at context {top}: ms/token at context 1 = weights + per-op overhead; the rest grows with the cache")
+    print_table(breakdown.values(), [("variant", "variant", "{}"), ("ms @ctx 1", "ms_ctx1", "{:.2f}"),
+                                     ("weights at peak BW", "weights_ms", "{:.2f}"), ("ctx 1 - weights", "overhead_ms", "{:.2f}"),
+                                     (f"ms @ctx {top}", "ms_top", "{:.2f}"), ("KV part ms", "kv_ms", "{:.2f}"),
+                                     ("KV part GB/s", "kv_gb_s", "{:.1f}"), ("roofline ms", "roofline_ms", "{:.2f}")])
+    print(f"pure per-op overhead (same layers and ops at head dim 2, no bandwidth to speak of): {floor_ms['op_floor']:.2f} ms/token")
+
+    targets = {}
+    if "vha_folded" in models:
+        vha, b = at[("vha_folded", top)], breakdown["vha_folded"]
+        print(f"\ntargets at context {top}:" + ("" if (top, dtype) == (16384, "float32") else f"  (set at 16K float32; this is {top}, {dtype})"))
+        if "mha" in models:
+            targets["vha_over_mha"] = x = vha["decode_tok_s"] / at[("mha", top)]["decode_tok_s"]
+            kv_only = f"{breakdown['mha']['kv_ms'] / b['kv_ms']:.1f}x" if b["kv_ms"] > 0 else "n/a"
+            print(f"  folded VHA decode tok/s >= 3x MHA: {x:.2f}x (the KV parts alone: {kv_only})  {verdict(x >= 3)}")
+        if f"gqa{vha_kv_head}" in models:
+            targets["vha_over_gqa_same"] = x = vha["decode_tok_s"] / at[(f"gqa{vha_kv_head}", top)]["decode_tok_s"]
+            print(f"  folded VHA within 5% of gqa{vha_kv_head} (same deployed shape, built directly): {x:.3f}x  {verdict(abs(x - 1) <= 0.05)}")
+        targets["vha_bw_frac"] = x = vha["bw_frac"]
+        print(f"  folded VHA >= 50% of copy bandwidth (weights + KV per step / time): {x:.0%}  {verdict(x >= 0.5)}")
+        print(f"  where the time goes: {b['ms_top']:.2f} ms/token = {b['ms_ctx1']:.2f} ms fixed (weights at peak: {b['weights_ms']:.2f}, "
+              f"per-op overhead alone: {floor_ms['op_floor']:.2f}) + {b['kv_ms']:.2f} ms for the KV cache; roofline {b['roofline_ms']:.2f} ms")
+    if plot:
+        plot_decode(rows, ctxs, plot)
+    return dict(mode="decode", device=device, dtype=dtype, threads=torch.get_num_threads(), batch_size=batch_size,
+                decode_impl=decode_impl, compile=compile, weight_layout=weight_layout, kv_fill="random K/V written into the cache", copy_gb_s=bw / 1e9,
+                model={k: getattr(c, k) for k in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size")},
+                fold_max_logit_diff=fold_diffs, op_floor_ms=floor_ms["op_floor"], results=rows,
+                breakdown=list(breakdown.values()), targets=targets)
+
+
+def plot_decode(rows, ctxs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        mine = [r for r in rows if r["variant"] == name]
+        for ax, key in zip(axes, ("decode_tok_s", "kv_cache_mb")):
+            ax.plot([r["ctx"] for r in mine], [r[key] for r in mine], marker="o", label=name, ls="--" if "vha" in name else "-")
+    for ax, label in zip(axes, ("decode tokens/s", "KV cache allocated (MB)")):
+        ax.set(xscale="log", xlabel="context (tokens)", ylabel=label)
+        ax.set_xticks(ctxs, [f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in ctxs])
+        ax.minorticks_off()
+        ax.grid(alpha=0.3)
+    axes[1].set_yscale("log")
+    axes[0].legend()
+    fig.suptitle(f"decode on {device} ({dtype}, batch {batch_size})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+# ----------------------------------------------------------------------------- train
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
+              "4090": 165e12, "3090": 71e12, "V100": 125e12, "T4": 65e12}  # dense bf16, as in train.py
+
+
+def run_train():
+    need(dtype in ("float32", "bfloat16"), f"train mode runs float32 or bfloat16 (autocast), got {dtype!r}")
+    need(vha_kv_head != 8, "train mode compares VHA with GQA-8 and same-deploy GQA: vha_kv_head must not be 8")
+    kinds = {"vha": dict(attn="vha", n_kv_head=vha_kv_head), "gqa8": dict(n_kv_head=8), f"gqa{vha_kv_head}": dict(n_kv_head=vha_kv_head)}
+    autocast = torch.autocast(device_type, dtype=ptdtype) if dtype == "bfloat16" else nullcontext()
+    gen = torch.Generator().manual_seed(seed)
+    x, y = (torch.randint(vocab_size, (batch_size, block_size), generator=gen).to(device) for _ in range(2))
+    models, steps = {}, {}
+    for name, kw in kinds.items():
+        torch.manual_seed(seed)
+        model = models[name] = build(**kw).to(device).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        fwd = torch.compile(model) if compile else model
+
+        def step(fwd=fwd, opt=opt):
+            with autocast:
+                loss = fwd(x, y)[1]
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        steps[name] = step
+    print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, compile {compile}; {n_layer} layers, "
+          f"width {n_embd}, {n_head} query heads of dim {head_dim}, batch {batch_size} x {block_size} tokens; "
+          f"{train_steps} timed steps (+{warmup} warm-up) per model, interleaved")
+    seconds = interleaved(steps, train_steps)
+    peak = next((v for k, v in PEAK_FLOPS.items() if device_type == "cuda" and k in torch.cuda.get_device_name()), None)
+    rows = []
+    for name, model in models.items():
+        c, tok_s = model.cfg, batch_size * block_size / seconds[name]
+        flops = model.flops_per_token(block_size, training=True)
+        rows.append(dict(variant=name, heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV", params_m=model.num_params() / 1e6,
+                         flops_per_token=flops, ms_per_step=seconds[name] * 1e3, tok_s=tok_s,
+                         mfu=flops * tok_s / peak if peak else None))
+    for r in rows:
+        r["speed_vs_gqa8"], r["flops_vs_gqa8"] = r["tok_s"] / rows[1]["tok_s"], r["flops_per_token"] / rows[1]["flops_per_token"]
+    print_table(rows, [("variant", "variant", "{}"), ("q proj->attn heads/KV", "heads", "{}"), ("params M", "params_m", "{:.2f}"),
+                       ("train FLOPs/token", "flops_per_token", "{:.3e}"), ("FLOPs vs gqa8", "flops_vs_gqa8", "{:.3f}"),
+                       ("ms/step", "ms_per_step", "{:.1f}"), ("tokens/s", "tok_s", "{:.0f}"),
+                       ("speed vs gqa8", "speed_vs_gqa8", "{:.3f}"), ("MFU", "mfu", "{:.1%}")])
+    vha, same = rows[0]["tok_s"], rows[2]["tok_s"]
+    targets = dict(vha_over_gqa8=rows[0]["speed_vs_gqa8"], vha_over_gqa_same=vha / same)
+    print(f"targets: VHA >= 1.05x GQA-8 tokens/s: {targets['vha_over_gqa8']:.3f}x  {verdict(targets['vha_over_gqa8'] >= 1.05)}; "
+          f"VHA >= same-deploy {rows[2]['variant']}: {targets['vha_over_gqa_same']:.3f}x  {verdict(vha >= same)}")
+    return dict(mode="train", device=device, dtype=dtype, threads=torch.get_num_threads(), compile=compile,
+                block_size=block_size, batch_size=batch_size, results=rows, targets=targets)
+
+
+# ----------------------------------------------------------------------------- costs
+PAPER_VOCAB = 151936  # Qwen3's tokenizer; train.py takes the vocab from the dataset, so the config files cannot set it
+
+
+def run_costs():
+    rows = []
+    for path in cost_configs.split(","):
+        if not os.path.isabs(path) and not os.path.isfile(path):  # config/... of this repo, from any folder
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), path)
+        need(os.path.isfile(path), f"config file {path!r} does not exist")
+        namespace = {}
+        with open(path) as f:
+            exec(f.read(), {}, namespace)  # train.py's keys; keep the ones GPTConfig knows
+        known = {k: v for k, v in namespace.items() if k in GPTConfig.__dataclass_fields__}
+        with torch.device("meta"):  # shapes only: nothing is allocated
+            model = GPT(GPTConfig(**dict(known, vocab_size=PAPER_VOCAB)))
+        c, T = model.cfg, model.cfg.block_size
+        rows.append(dict(config=os.path.basename(path), attn=c.attn, heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV",
+                         params_b=model.num_params() / 1e9, kv_bytes_per_layer=model.kv_bytes_per_token(torch.bfloat16) // c.n_layer,
+                         kv_kb_per_token=model.kv_bytes_per_token(torch.bfloat16) / 1024, T=T,
+                         train_flops_per_token=model.flops_per_token(T, training=True)))
+    for r in rows:
+        r["flops_vs_first"] = r["train_flops_per_token"] / rows[0]["train_flops_per_token"]
+    print(f"paper-scale costs (vocab {PAPER_VOCAB}, bf16 KV cache, training FLOPs at each file's block_size; model.py's accounting)")
+    print_table(rows, [("config", "config", "{}"), ("attn", "attn", "{}"), ("q proj->attn heads/KV", "heads", "{}"),
+                       ("params B", "params_b", "{:.3f}"), ("KV B/layer/token", "kv_bytes_per_layer", "{}"),
+                       ("KV KB/token", "kv_kb_per_token", "{:.0f}"), ("T", "T", "{}"),
+                       ("train FLOPs/token", "train_flops_per_token", "{:.3e}"), (f"FLOPs vs {rows[0]['config']}", "flops_vs_first", "{:.4f}")])
+    out = dict(mode="costs", results=rows)
+    vha = next((r for r in rows if r["attn"] == "vha"), None)
+    if vha:
+        ref = rows[0]
+        out["flops_reduction"] = 1 - vha["flops_vs_first"]
+        kv_ok = (ref["kv_bytes_per_layer"], vha["kv_bytes_per_layer"]) == (4096, 1024)
+        print(f"KV per layer per token (bf16): {ref['config']} {ref['kv_bytes_per_layer']} B vs {vha['config']} "
+              f"{vha['kv_bytes_per_layer']} B (paper: 4 KB vs 1 KB)  {verdict(kv_ok)}")
+        print(f"training FLOPs/token reduction of {vha['config']} vs {ref['config']}: {out['flops_reduction']:.2%} "
+              f"(paper: 6.5%-8.1%)  {verdict(0.065 <= out['flops_reduction'] <= 0.081)}")
+    return out
+
+
+print(json.dumps({"decode": run_decode, "train": run_train, "costs": run_costs}[mode](), default=str))

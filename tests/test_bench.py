@@ -1,0 +1,180 @@
+"""bench_decode.py and the decode code it exercises: exactness of the new decode paths (float64),
+the three modes end to end at tiny sizes, the paper's 1.7B cost figures, and one-line errors.
+Speed is measured, never asserted."""
+import ast
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from conftest import ROOT, run
+from configurator import configure
+from model import GPT, GPTConfig, rope_cos_sin, save_checkpoint
+from test_model import VARIANTS, make
+
+TINY = ["--n_layer=2", "--n_embd=32", "--n_head=4", "--head_dim=8", "--vha_kv_head=2", "--threads=1", "--warmup=1",
+        "--device=cpu", "--seed=0"]
+TINY_DECODE = TINY + ["--contexts=48,96", "--decode_steps=3", "--prefill_max=16", "--prefill_repeats=1", "--copy_mib=8"]
+PAPER = ["config/paper_1p7b_gqa8.py", "config/paper_1p7b_gqa2.py", "config/paper_1p7b_gqa_8q2kv.py", "config/paper_1p7b_vha.py"]
+
+
+def last_json(proc):
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---- exactness of the decode code (float64) ----
+@pytest.mark.parametrize("name", ["mha", "mqa", "vha", "postmix_only"])
+@pytest.mark.parametrize("decode_impl", ["grouped", "sdpa"])
+def test_static_shape_decode_equals_uncached_forward_float64(name, decode_impl):
+    """A tensor position (the torch.compile / CUDA-graph path) attends over the whole cache with a mask:
+    garbage in the unwritten tail must not leak in."""
+    model = make(decode_impl=decode_impl, **VARIANTS[name])
+    x = torch.randint(0, 37, (2, 30))
+    with torch.no_grad():
+        full = model(x)[0]
+    model.setup_cache(batch_size=2, max_len=45)
+    for block in model.blocks:  # garbage everywhere; prefill and decode overwrite what they use
+        block.attn.kv_cache.k.normal_(0, 10)
+        block.attn.kv_cache.v.normal_(0, 10)
+    steps = [model.prefill(x[:, :12])]
+    for pos in range(12, 29):
+        steps.append(model.decode_one_token(x[:, pos:pos + 1], torch.tensor([pos])))
+    assert (torch.stack(steps, 1) - full[:, 11:29]).abs().max() < 1e-12
+
+
+def test_rope_table_keeps_float64_angles():
+    """setup_cache's table equals the per-step computation, and a float32 table is accurate far out
+    (float32 angles at position 1e5 would be off by ~1e-3)."""
+    model = make(dtype=torch.float32, **VARIANTS["gqa"])
+    model.setup_cache(batch_size=1, max_len=100_001)
+    cos, sin = model.rope_cos, model.rope_sin
+    d, theta = model.cfg.head_dim, model.cfg.rope_theta
+    for p in (0, 5, 99_999, 100_000):
+        cos64, sin64 = rope_cos_sin(torch.arange(p, p + 1), d, theta, torch.float64)
+        assert (cos[p].double() - cos64[0]).abs().max() < 1e-7 and (sin[p].double() - sin64[0]).abs().max() < 1e-7
+    inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+    naive = (torch.tensor(100_000.0) * inv_freq).cos()  # float32 angles: the error the table avoids
+    assert (naive.double() - cos64[0, :d // 2]).abs().max() > 1e-5
+
+
+def test_postmix_folded_into_o_proj_matches_explicit_postmix_float64():
+    """The training forward folds the postmix into W_o; outputs and gradients equal the explicit form."""
+    attn = make(**VARIANTS["vha"]).blocks[0].attn
+    H, d, D = attn.cfg.n_attn_head, attn.cfg.head_dim, attn.cfg.n_embd
+    a = torch.randn(3, H, 7, d, dtype=torch.float64)  # (B, H, T, d) attention outputs
+
+    def grads(y):
+        params = (attn.postmix_U, attn.postmix_V, attn.o_proj.weight)
+        return y, torch.autograd.grad((y * torch.linspace(-1, 1, D, dtype=y.dtype)).sum(), params)
+
+    flat = a.transpose(1, 2).reshape(3, 7, H * d)  # (B, T, H*d)
+    y_fold, g_fold = grads(torch.nn.functional.linear(flat, attn.postmixed_o_weight()))
+    y_expl, g_expl = grads(attn.o_proj(attn.apply_postmix(a).transpose(1, 2).reshape(3, 7, H * d)))
+    assert (y_fold - y_expl).abs().max() < 1e-12
+    assert all((g1 - g2).abs().max() < 1e-12 for g1, g2 in zip(g_fold, g_expl))
+    assert (y_fold - attn.o_proj(flat)).abs().max() > 1e-3  # the postmix is far from the identity here
+
+
+# ---- the benchmark, end to end ----
+def test_decode_benchmark_end_to_end(tmp_path):
+    png = tmp_path / "decode.png"
+    proc = run("bench_decode.py", *TINY_DECODE, "--variants=mha,vha_folded", f"--plot={png}",
+               env={"MPLCONFIGDIR": str(tmp_path)})
+    out = last_json(proc)
+    assert out["mode"] == "decode" and out["copy_gb_s"] > 0 and out["op_floor_ms"] > 0
+    assert out["fold_max_logit_diff"]["vha_folded"] < 1e-10  # a real fold of a non-identity premix/postmix
+    rows = {(r["variant"], r["ctx"]): r for r in out["results"]}
+    assert set(rows) == {(v, c) for v in ("mha", "vha_folded") for c in (48, 96)}
+    mha, vha = rows[("mha", 96)], rows[("vha_folded", 96)]
+    for key in ("kv_bytes_per_token", "kv_cache_mb", "ttft_ms", "prefill_tok_s", "decode_ms", "decode_tok_s",
+                "mb_per_step", "gb_s", "bw_frac"):
+        assert vha[key] > 0 and math.isfinite(vha[key]), key
+    assert mha["kv_bytes_per_token"] == 2 * 2 * 4 * 8 * 4 and vha["kv_bytes_per_token"] == mha["kv_bytes_per_token"] // 2
+    assert vha["kv_cache_mb"] * 2 == pytest.approx(mha["kv_cache_mb"]) and vha["prefill_len"] == 16
+    assert set(out["targets"]) == {"vha_over_mha", "vha_bw_frac"}
+    assert "random K/V" in proc.stdout and "targets at context 96" in proc.stdout
+    assert sum(line.rstrip().endswith(("PASS", "FAIL")) for line in proc.stdout.splitlines()) == 2  # printed, not asserted
+    assert png.stat().st_size > 1000
+
+
+def test_decode_benchmark_folds_a_vha_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    args = dict(vocab_size=50, block_size=32, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, head_dim=8, attn="vha")
+    vha = GPT(GPTConfig(**args))
+    save_checkpoint({"model": vha.state_dict(), "model_args": args}, str(tmp_path / "ckpt.pt"))
+    out = last_json(run("bench_decode.py", *TINY_DECODE, "--variants=gqa2", f"--ckpt={tmp_path / 'ckpt.pt'}"))
+    assert {r["variant"] for r in out["results"]} == {"ckpt", "gqa2"} and out["model"]["vocab_size"] == 50
+    assert out["fold_max_logit_diff"]["ckpt"] < 1e-10
+
+
+def test_train_benchmark_end_to_end():
+    out = last_json(run("bench_decode.py", "--mode=train", *TINY, "--n_head=8", "--block_size=16", "--batch_size=2",
+                        "--train_steps=2"))
+    rows = {r["variant"]: r for r in out["results"]}
+    assert list(rows) == ["vha", "gqa8", "gqa2"] and rows["vha"]["heads"] == "4->8Q/2KV"
+    assert rows["vha"]["flops_per_token"] < rows["gqa2"]["flops_per_token"] < rows["gqa8"]["flops_per_token"]
+    assert all(r["tok_s"] > 0 for r in rows.values()) and set(out["targets"]) == {"vha_over_gqa8", "vha_over_gqa_same"}
+
+
+def test_costs_reproduce_the_paper_at_1p7b():
+    proc = run("bench_decode.py", "--mode=costs")
+    out = last_json(proc)
+    rows = {r["config"]: r for r in out["results"]}
+    kv = {name: rows[f"paper_1p7b_{name}.py"]["kv_bytes_per_layer"] for name in ("gqa8", "gqa2", "gqa_8q2kv", "vha")}
+    assert kv == {"gqa8": 4096, "gqa2": 1024, "gqa_8q2kv": 1024, "vha": 1024}  # 4 KB vs 1 KB per layer per token, bf16
+    assert 0.065 <= out["flops_reduction"] <= 0.081  # the paper's band for VHA vs GQA-8
+    assert 1.6e9 < rows["paper_1p7b_gqa8.py"]["params_b"] * 1e9 < 1.8e9
+    assert proc.stdout.count("PASS") == 2
+
+
+def test_paper_configs_use_train_py_keys():
+    """The 1.7B files must run as `python train.py config/paper_1p7b_vha.py`: same keys, same types."""
+    tree = ast.parse(open(os.path.join(ROOT, "train.py")).read())
+    defaults = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id == "config_keys":
+                break
+            try:
+                defaults[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    optional = {"head_dim": int, "mlp_hidden": int, "vha_postmix_rank": int}
+    for path in PAPER:
+        cfg = configure(defaults, [os.path.join(ROOT, path)], optional)
+        assert (cfg["n_layer"], cfg["n_embd"], cfg["head_dim"], cfg["mlp_hidden"], cfg["block_size"]) == (28, 2048, 128, 6144, 4096)
+
+
+# ---- bad input: one line on stderr, non-zero exit ----
+def not_a_checkpoint(tmp_path):
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
+    return f"--ckpt={tmp_path / 'foreign.pt'}"
+
+
+@pytest.mark.parametrize("make_arg, message", [
+    (lambda p: "--variants=mha,gqa9000x", "unknown variant 'gqa9000x'"),
+    (lambda p: "--contexts=1024,lots", "--contexts wants comma-separated positive integers"),
+    (lambda p: f"--ckpt={p / 'missing.pt'}", "not found"),
+    (not_a_checkpoint, "is not a nanoVHA checkpoint"),
+    (lambda p: "--context=1024", "unknown config key 'context'"),
+], ids=["unknown-variant", "bad-contexts", "missing-ckpt", "foreign-ckpt", "unknown-key"])
+def test_bad_input_is_a_one_line_error(tmp_path, make_arg, message):
+    proc = run("bench_decode.py", *TINY_DECODE, make_arg(tmp_path), check=False)
+    err = proc.stderr.strip()
+    assert proc.returncode != 0 and err.startswith("error: ") and "\n" not in err and message in err, proc.stderr
+    assert not proc.stdout.strip()
+
+
+def test_decode_step_compiles_as_one_graph_and_matches_eager():
+    """torch.compile(fullgraph=True) of the static-shape step: no graph break, same logits (float64)."""
+    model = make(n_layer=1, **VARIANTS["gqa"])
+    x = torch.randint(0, 37, (2, 12))
+    model.setup_cache(batch_size=2, max_len=16)
+    model.prefill(x[:, :8])
+    want = [model.decode_one_token(x[:, p:p + 1], torch.tensor([p])) for p in range(8, 11)]
+    model.prefill(x[:, :8])  # same cache state again
+    step = torch.compile(model.decode_one_token, fullgraph=True)
+    got = [step(x[:, p:p + 1], torch.tensor([p])) for p in range(8, 11)]
+    assert all((g - w).abs().max() < 1e-12 for g, w in zip(got, want))
