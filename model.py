@@ -44,10 +44,11 @@ class RMSNorm(nn.Module):
 def rope_cos_sin(positions, head_dim, theta, dtype):
     """Rotate-half RoPE tables for integer `positions` (T,), each (T, head_dim).
     Angles are computed in float64, then cast, so long positions keep their precision."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
-    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (T, hd/2)
+    where = "cpu" if positions.device.type == "mps" else positions.device  # MPS has no float64
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=where) / head_dim)
+    angles = positions.to(where, torch.float64)[:, None] * inv_freq[None, :]  # (T, hd/2)
     angles = torch.cat([angles, angles], dim=-1)  # (T, hd): frequency i pairs dims i and i + hd/2
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    return angles.cos().to(positions.device, dtype), angles.sin().to(positions.device, dtype)
 
 
 def apply_rope(x, cos, sin):
@@ -68,9 +69,8 @@ class KVCache(nn.Module):
         self.register_buffer("positions", torch.arange(max_len, device=device), persistent=False)  # for static masks
 
     def update(self, start, k, v):
-        """Writes k, v (B, H_kv, T, hd) at positions start..start+T-1. An int `start` returns the filled
-        prefix (shapes grow each step); a (1,) long tensor (static shapes, one token) returns the whole
-        cache, and the caller masks the positions after `start`."""
+        """Writes k, v (B, H_kv, T, hd) at start..; returns the filled prefix for an int start, the whole
+        cache for a (1,) tensor start (static shapes: the caller masks positions after start)."""
         if isinstance(start, torch.Tensor):
             self.k.index_copy_(2, start, k)
             self.v.index_copy_(2, start, v)
@@ -106,6 +106,22 @@ def grouped_decode_attention(q, k, v, visible=None):
         scores = scores.masked_fill(~visible, float("-inf"))
     out = scores.softmax(dim=-1) @ v  # (B, H_kv, group, hd)
     return out.view(B, H_q, 1, hd)
+
+
+def fold_premix(W_q, P):
+    """W_q (H_p*d, D), P (H_kv, d, d) -> the (H_v*d, D) query weight of the virtual heads:
+    q_j = (x W_q[h]^T) P[g] = x (P[g]^T W_q[h])^T, so row block j = g*H_p + h is P[g]^T W_q[h]."""
+    H_kv, d, _ = P.shape
+    W = W_q.view(-1, d, W_q.size(1))  # (H_p, d, D)
+    return torch.einsum("gce,hcD->gheD", P, W).reshape(-1, W_q.size(1))  # (H_kv, H_p, d, D) -> (H_v*d, D)
+
+
+def fold_postmix(W_o, M):
+    """W_o (D, H*d), M (H, H) = I + V U^T -> W_o' with W_o' a = W_o (M a) over the head axis:
+    y = sum_j W_o[:, j] a'_j with a'_j = sum_h M[j, h] a_h, so W_o'[:, h] = sum_j M[j, h] W_o[:, j]."""
+    H = M.size(0)
+    W = W_o.view(W_o.size(0), H, -1)  # (D, H, d)
+    return torch.einsum("Djc,jh->Dhc", W, M).reshape(W_o.shape)  # (D, H, d) -> (D, H*d)
 
 
 class Attention(nn.Module):
@@ -154,15 +170,10 @@ class Attention(nn.Module):
             self.postmix_ratio = (delta.float().norm(dim=(1, 3)) / a.float().norm(dim=(1, 3)).clamp_min(1e-12)).mean().item()
         return a + delta
 
-    def postmixed_o_weight(self):
-        """W_o with the linear postmix folded in: y = W_o (M a) = (W_o M) a over the head axis, M = I + V U^T,
-        so W_o'[:, h] = sum_j M[j, h] W_o[:, j] (GPT.fold_to_gqa's fold, redone each call and differentiable).
-        D*H*H*d multiply-adds per call instead of passes over every token's heads: the forward uses it when a
-        whole sequence shares one call (training), where it cut attention time ~5% on CPU."""
-        D, H, d = self.cfg.n_embd, self.cfg.n_attn_head, self.cfg.head_dim
-        M = torch.eye(H, dtype=self.postmix_V.dtype, device=self.postmix_V.device) + self.postmix_V @ self.postmix_U.t()  # (H, H)
-        W_o = self.o_proj.weight.view(D, H, d)  # (D, H, d)
-        return torch.einsum("Djc,jh->Dhc", W_o, M).reshape(D, H * d)  # (D, H*d)
+    def postmix_matrix(self):
+        """M = I + V U^T, (H, H): the linear postmix as one operator on the head axis."""
+        V, U = self.postmix_V, self.postmix_U
+        return torch.eye(V.size(0), dtype=V.dtype, device=V.device) + V @ U.t()
 
     def forward(self, x, cos, sin, start_pos=None):
         """x: (B, T, D). start_pos=None: training/no-cache; else write the KV cache at start_pos."""
@@ -181,24 +192,24 @@ class Attention(nn.Module):
         static = isinstance(start_pos, torch.Tensor)  # static-shape decode (torch.compile, CUDA graphs)
         if start_pos is not None:
             k, v = self.kv_cache.update(start_pos, k, v)  # (B, H_kv, start_pos+T, d); static: the whole cache
-        visible = self.kv_cache.positions <= start_pos if static else None  # (max_len,): written positions
-        if cfg.attn_impl == "plain" and not static:
-            a = plain_attention(q, k, v)
-        elif T == 1 and start_pos is not None and cfg.decode_impl == "grouped":
+        if T == 1 and start_pos is not None and (cfg.decode_impl == "grouped" or static):
+            visible = self.kv_cache.positions <= start_pos if static else None  # (max_len,): written positions
             a = grouped_decode_attention(q, k, v, visible)
-        elif static:  # SDPA on the grouped view: the heads sharing a KV head are its query rows
-            G = cfg.n_attn_head // cfg.n_kv_head
-            a = F.scaled_dot_product_attention(q.view(B, cfg.n_kv_head, G, d), k, v, attn_mask=visible.view(1, 1, 1, -1))
-            a = a.view(B, cfg.n_attn_head, 1, d)  # (B, H_kv, G, d) -> (B, H, 1, d)
+        elif cfg.attn_impl == "plain":
+            a = plain_attention(q, k, v)
         else:  # prefill starts at 0 and training has no cache, so the causal mask is the square one
             assert start_pos in (None, 0) or T == 1, "multi-token steps after prefill are not supported"
             a = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True,
                                                dropout_p=cfg.dropout if self.training else 0.0)
-        if cfg.has_postmix and cfg.vha_postmix_act == "linear" and start_pos is None and not self.record_postmix:
-            return F.linear(a.transpose(1, 2).reshape(B, T, cfg.n_attn_head * d), self.postmixed_o_weight())  # (B, T, D)
-        if cfg.has_postmix:  # decoding (one token: cheaper than the fold), SiLU postmix, or health recording
+        # training: fold M into W_o once per call (D*H*H*d MACs), W_o (M a) = (W_o M) a, instead of mixing
+        # every token's heads; decoding one token, the SiLU ablation and health recording mix explicitly
+        fold_into_o = cfg.has_postmix and cfg.vha_postmix_act == "linear" and start_pos is None and not self.record_postmix
+        if cfg.has_postmix and not fold_into_o:
             a = self.apply_postmix(a)  # (B, H, T, d)
-        return self.o_proj(a.transpose(1, 2).reshape(B, T, cfg.n_attn_head * d))  # (B, T, H*d) -> (B, T, D)
+        a = a.transpose(1, 2).reshape(B, T, cfg.n_attn_head * d)  # (B, H, T, d) -> (B, T, H*d)
+        if fold_into_o:
+            return F.linear(a, fold_postmix(self.o_proj.weight, self.postmix_matrix()))  # (B, T, D)
+        return self.o_proj(a)  # (B, T, D)
 
 
 class MLP(nn.Module):
@@ -326,16 +337,30 @@ class GPT(nn.Module):
         return n
 
     def forward(self, idx, targets=None, start_pos=None):
-        """idx: (B, T) token ids. Returns (logits (B, T, vocab), mean cross-entropy or None)."""
+        """idx (B, T) -> (logits, mean cross-entropy or None).
+        start_pos=None: a whole sequence from position 0 (training, eval); logits (B, T, vocab).
+        start_pos=int: positions start_pos.. through the KV cache (setup_cache first); a (1,) long tensor
+        decodes one token with static shapes (for torch.compile / CUDA graphs). Logits (B, 1, vocab):
+        generation only reads the last position."""
         B, T = idx.shape
-        first = 0 if start_pos is None else start_pos
-        if start_pos is None and T > self.cfg.block_size:
-            raise ValueError(f"sequence length {T} > block_size {self.cfg.block_size}")
+        if start_pos is None:
+            if T > self.cfg.block_size:
+                raise ValueError(f"sequence length {T} > block_size {self.cfg.block_size}")
+            cos, sin = rope_cos_sin(torch.arange(T, device=idx.device), self.cfg.head_dim, self.cfg.rope_theta, self.embed.weight.dtype)
+        elif getattr(self, "rope_cos", None) is None:
+            raise RuntimeError("no KV cache: call setup_cache(batch_size, max_len) first")
+        elif isinstance(start_pos, torch.Tensor):
+            cos, sin = self.rope_cos[start_pos], self.rope_sin[start_pos]  # (1, hd)
+        elif start_pos + T > self.rope_cos.size(0):
+            raise ValueError(f"positions up to {start_pos + T} do not fit the cache ({self.rope_cos.size(0)}); "
+                             f"call setup_cache with a larger max_len")
+        else:
+            cos, sin = self.rope_cos[start_pos:start_pos + T], self.rope_sin[start_pos:start_pos + T]  # (T, hd)
         x = self.drop(self.embed(idx))  # (B, T, D)
-        cos, sin = rope_cos_sin(torch.arange(first, first + T, device=idx.device), self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         for block in self.blocks:
             x = block(x, cos, sin, start_pos)
-        logits = self.lm_head(self.norm(x))
+        x = self.norm(x if start_pos is None else x[:, -1:])  # (B, T or 1, D)
+        logits = self.lm_head(x)
         loss = None
         if targets is not None:
             logits_f = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: loss in fp32
@@ -354,36 +379,15 @@ class GPT(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)  # buffers: static inputs for CUDA graphs
         self.register_buffer("rope_sin", sin, persistent=False)
 
-    def forward_cached(self, idx, pos):
-        """idx (B, T) at positions pos..pos+T-1, through the cache; returns last-position logits (B, vocab).
-        pos: an int (attention reads the filled prefix), or a (1,) long tensor for one token with static
-        shapes (attention reads the whole cache, masked): what torch.compile and CUDA graphs want."""
-        B, T = idx.shape
-        if getattr(self, "rope_cos", None) is None:
-            raise RuntimeError("no KV cache: call setup_cache(batch_size, max_len) first")
-        if isinstance(pos, torch.Tensor):
-            assert T == 1, "a tensor position decodes one token"
-            cos, sin = self.rope_cos[pos], self.rope_sin[pos]  # (1, hd)
-        else:
-            if pos + T > self.rope_cos.size(0):
-                raise ValueError(f"positions up to {pos + T} do not fit the cache ({self.rope_cos.size(0)}); "
-                                 f"call setup_cache with a larger max_len")
-            cos, sin = self.rope_cos[pos:pos + T], self.rope_sin[pos:pos + T]  # (T, hd)
-        x = self.drop(self.embed(idx))  # (B, T, D)
-        for block in self.blocks:
-            x = block(x, cos, sin, pos)
-        return self.lm_head(self.norm(x[:, -1]))  # the LM head only where the next token is read
-
     @torch.no_grad()
     def prefill(self, idx):
         """Runs the prompt (B, T) from position 0, filling the cache; returns last-position logits (B, vocab)."""
-        return self.forward_cached(idx, 0)
+        return self(idx, start_pos=0)[0][:, -1]
 
     @torch.no_grad()
     def decode_one_token(self, token, pos):
-        """token: (B, 1) at position `pos` (int or (1,) long tensor); the cache holds positions < pos.
-        Returns (B, vocab)."""
-        return self.forward_cached(token, pos)
+        """token (B, 1) at position pos (int, or (1,) long tensor); the cache holds positions < pos. -> (B, vocab)"""
+        return self(token, start_pos=pos)[0][:, -1]
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
@@ -421,51 +425,46 @@ class GPT(nn.Module):
     # ---- VHA health (cheap, no grad): is premix/postmix learning anything? ----
     @torch.no_grad()
     def vha_health(self, idx=None):
-        c, out = self.cfg, {}
-        attns = [b.attn for b in self.blocks]
-        if c.has_premix:
-            dev, div = [], []
+        """Layer means of: premix_dev ||P_g - I||_F; premix_group_div mean_{g!=g'} ||P_g - P_g'||^2 /
+        mean_g ||P_g - I||^2 (0 = groups identical, about 2 = independent); postmix_sigma_max sigma_max(V U^T);
+        postmix_offdiag_share (share of ||M||_F^2 off the diagonal); with a batch idx, postmix_rel_delta
+        ||a' - a|| / ||a|| per token (0 at init)."""
+        c, attns, rows = self.cfg, [b.attn for b in self.blocks], []
+        for a in attns:
+            row = {}
+            if c.has_premix:
+                E = (a.premix.double() - torch.eye(c.head_dim, dtype=torch.float64, device=a.premix.device)).flatten(1)  # (H_kv, d*d)
+                row["premix_dev"] = E.norm(dim=1).mean()
+                if c.n_kv_head > 1:
+                    pair = (E[:, None] - E[None]).pow(2).sum(-1)  # (H_kv, H_kv): ||P_g - P_g'||^2
+                    row["premix_group_div"] = pair.sum() / (c.n_kv_head * (c.n_kv_head - 1)) / E.pow(2).sum(1).mean().clamp_min(1e-30)
+            if c.has_postmix:
+                M = a.postmix_matrix().double()
+                eye = torch.eye(M.size(0), dtype=M.dtype, device=M.device)
+                row["postmix_sigma_max"] = torch.linalg.matrix_norm(M - eye, ord=2)
+                row["postmix_offdiag_share"] = (M * (1 - eye)).pow(2).sum() / M.pow(2).sum()
+            rows.append(row)
+        out = {k: sum(float(r[k]) for r in rows) / len(rows) for k in rows[0]}
+        if c.has_postmix and idx is not None:  # one eval-mode forward that records ||a' - a|| / ||a||
+            was_training = self.training
             for a in attns:
-                P = a.premix.double()
-                D_g = P - torch.eye(c.head_dim, dtype=P.dtype, device=P.device)  # (H_kv, d, d)
-                dev.append(D_g.flatten(1).norm(dim=1).mean())  # mean_g ||P_g - I||_F
-                if c.n_kv_head > 1:  # mean_{g!=g'} ||P_g - P_g'||^2 / mean_g ||P_g - I||^2
-                    pair = (D_g[:, None] - D_g[None]).flatten(2).pow(2).sum(-1)
-                    off = pair.sum() / (c.n_kv_head * (c.n_kv_head - 1))
-                    div.append(off / D_g.flatten(1).pow(2).sum(1).mean().clamp_min(1e-30))
-            out["premix_dev"] = torch.stack(dev).mean().item()
-            if div:
-                out["premix_group_div"] = torch.stack(div).mean().item()
-        if c.has_postmix:
-            sig, offd = [], []
-            for a in attns:
-                VU = a.postmix_V.double() @ a.postmix_U.double().t()
-                sig.append(torch.linalg.matrix_norm(VU, ord=2))
-                M = torch.eye(VU.size(0), dtype=VU.dtype, device=VU.device) + VU
-                offd.append((M - torch.diag(torch.diag(M))).pow(2).sum() / M.pow(2).sum())  # share of ||M||_F^2
-            out["postmix_sigma_max"] = torch.stack(sig).mean().item()
-            out["postmix_offdiag_share"] = torch.stack(offd).mean().item()
-            if idx is not None:
-                was_training = self.training
-                self.eval()
+                a.record_postmix = True
+            try:
+                self.eval()(idx)
+            finally:
                 for a in attns:
-                    a.record_postmix = True
-                try:
-                    self(idx)
-                finally:
-                    for a in attns:
-                        a.record_postmix = False
-                    self.train(was_training)
-                out["postmix_rel_delta"] = sum(a.postmix_ratio for a in attns) / len(attns)
+                    a.record_postmix = False
+                self.train(was_training)
+            out["postmix_rel_delta"] = sum(a.postmix_ratio for a in attns) / len(attns)
         return out
 
     # ---- fold: a trained VHA model IS a GQA model ----
     @torch.no_grad()
     def fold_to_gqa(self):
         """Returns (GPTConfig, state_dict) of the plain GQA model with identical outputs.
-        Premix:  q_j = (x W_q[h]^T) P[g] = x (P[g]^T W_q[h])^T    =>  W_q'[j] = P[g]^T W_q[h],  j = g*H_p + h
-        Postmix: y = sum_j W_o[:, j] a'_j,  a'_j = sum_h M[j, h] a_h  =>  W_o'[:, h] = sum_j M[j, h] W_o[:, j]
-        (M = I + V U^T). QK-norm and RoPE act per head after premix, so they carry over unchanged.
+        Premix:  W_q'[j] = P[g]^T W_q[h] for j = g*H_p + h (fold_premix)
+        Postmix: W_o'[:, h] = sum_j M[j, h] W_o[:, j] with M = I + V U^T (fold_postmix)
+        QK-norm and RoPE act per head after premix, so they carry over unchanged; K, V are untouched.
         Computed in float64, cast back to each weight's dtype."""
         c = self.cfg
         if c.attn != "vha":
@@ -473,21 +472,16 @@ class GPT(nn.Module):
         if c.has_postmix and c.vha_postmix_act != "linear":
             raise ValueError("cannot fold a SiLU postmix: silu(U^T a) is not linear in a, so no single "
                              "matrix M can be absorbed into W_o; only vha_postmix_act='linear' folds")
-        H, H_kv, d, D = c.n_attn_head, c.n_kv_head, c.head_dim, c.n_embd
         sd = {k: v for k, v in self.state_dict().items() if "premix" not in k and "postmix" not in k}
         for i, block in enumerate(self.blocks):
             a = block.attn
             if c.has_premix:
-                Wq = a.q_proj.weight.double().view(c.n_q_proj, d, D)  # (H_p, d, D)
-                P = a.premix.double()  # (H_kv, d, d)
-                Wq_folded = torch.einsum("gce,hcD->gheD", P, Wq)  # [g, h] = P[g]^T W_q[h]: (H_kv, H_p, d, D)
-                sd[f"blocks.{i}.attn.q_proj.weight"] = Wq_folded.reshape(H * d, D).to(a.q_proj.weight.dtype)
+                W_q = fold_premix(a.q_proj.weight.double(), a.premix.double())
+                sd[f"blocks.{i}.attn.q_proj.weight"] = W_q.to(a.q_proj.weight.dtype)
             if c.has_postmix:
-                M = torch.eye(H, dtype=torch.float64, device=a.postmix_V.device) + a.postmix_V.double() @ a.postmix_U.double().t()  # (H, H)
-                Wo = a.o_proj.weight.double().view(D, H, d)  # (D, H, d)
-                Wo_folded = torch.einsum("jh,Djc->Dhc", M, Wo)  # W_o'[:, h] = sum_j M[j, h] W_o[:, j]
-                sd[f"blocks.{i}.attn.o_proj.weight"] = Wo_folded.reshape(D, H * d).to(a.o_proj.weight.dtype)
-        gqa = dict(asdict(c), attn="gqa", n_head=H, head_dim=d, vha_postmix_rank=None)
+                W_o = fold_postmix(a.o_proj.weight.double(), a.postmix_matrix().double())
+                sd[f"blocks.{i}.attn.o_proj.weight"] = W_o.to(a.o_proj.weight.dtype)
+        gqa = dict(asdict(c), attn="gqa", n_head=c.n_attn_head, head_dim=c.head_dim, vha_postmix_rank=None)
         return GPTConfig(**gqa), sd
 
 
@@ -525,9 +519,10 @@ def load_checkpoint(path, device="cpu"):
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint {path} not found: train one first (python train.py ...) or pass the right --out_dir")
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=False)
+        ckpt = torch.load(path, map_location=device, weights_only=True)  # never runs code from the file
     except Exception as e:
-        raise ValueError(f"checkpoint {path} is corrupt or truncated ({type(e).__name__}: {e}); "
+        reason = str(e).strip().split("\n")[0].split(". ")[0][:160]
+        raise ValueError(f"checkpoint {path} is corrupt or truncated ({type(e).__name__}: {reason}); "
                          f"use an intact checkpoint or retrain") from None
     if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
         raise ValueError(f"{path} is not a nanoVHA checkpoint (no 'model'/'model_args' entries)")
@@ -537,8 +532,11 @@ def load_checkpoint(path, device="cpu"):
 def model_from_checkpoint(ckpt, device="cpu"):
     """Builds the GPT of a checkpoint dict; strips torch.compile's '_orig_mod.' prefix."""
     known = {f.name for f in fields(GPTConfig)}
-    model = GPT(GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in known}))
     prefix = "_orig_mod."
-    state = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in ckpt["model"].items()}
-    model.load_state_dict(state)
+    try:
+        model = GPT(GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in known}))
+        model.load_state_dict({k[len(prefix):] if k.startswith(prefix) else k: v for k, v in ckpt["model"].items()})
+    except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as e:
+        reason = str(e).strip().split("\n")[0][:200]
+        raise ValueError(f"the checkpoint holds no loadable model ({type(e).__name__}: {reason})") from None
     return model.to(device)

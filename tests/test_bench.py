@@ -11,7 +11,7 @@ import torch
 
 from conftest import ROOT, run
 from configurator import configure
-from model import GPT, GPTConfig, rope_cos_sin, save_checkpoint
+from model import GPT, GPTConfig, fold_postmix, rope_cos_sin, save_checkpoint
 from test_model import VARIANTS, make
 
 TINY = ["--n_layer=2", "--n_embd=32", "--n_head=4", "--head_dim=8", "--vha_kv_head=2", "--threads=1", "--warmup=1",
@@ -70,7 +70,7 @@ def test_postmix_folded_into_o_proj_matches_explicit_postmix_float64():
         return y, torch.autograd.grad((y * torch.linspace(-1, 1, D, dtype=y.dtype)).sum(), params)
 
     flat = a.transpose(1, 2).reshape(3, 7, H * d)  # (B, T, H*d)
-    y_fold, g_fold = grads(torch.nn.functional.linear(flat, attn.postmixed_o_weight()))
+    y_fold, g_fold = grads(torch.nn.functional.linear(flat, fold_postmix(attn.o_proj.weight, attn.postmix_matrix())))
     y_expl, g_expl = grads(attn.o_proj(attn.apply_postmix(a).transpose(1, 2).reshape(3, 7, H * d)))
     assert (y_fold - y_expl).abs().max() < 1e-12
     assert all((g1 - g2).abs().max() < 1e-12 for g1, g2 in zip(g_fold, g_expl))
