@@ -109,12 +109,13 @@ def load(path, device, max_len=0):
     forward (RoPE is computed per position, no table to outgrow), so longer contexts can be scored."""
     try:
         ckpt = load_checkpoint(path, device)
-        args = dict(ckpt["model_args"], block_size=max(ckpt["model_args"]["block_size"], max_len))
-        return model_from_checkpoint(dict(ckpt, model_args=args), device).float().eval(), ckpt
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
-    except (KeyError, TypeError, RuntimeError) as e:
-        sys.exit(f"error: {path} holds no loadable model ({type(e).__name__}: {str(e).splitlines()[0]})")
+    args = dict(ckpt["model_args"], block_size=max(ckpt["model_args"]["block_size"], max_len))
+    try:
+        return model_from_checkpoint(dict(ckpt, model_args=args), device).float().eval(), ckpt
+    except ValueError as e:
+        sys.exit(f"error: {path}: {e}")
 
 
 def recall_eval(model, lengths, n, device, greedy=False):

@@ -178,9 +178,7 @@ def decode_models():
         try:
             real = model_from_checkpoint(load_checkpoint(ckpt))
         except (FileNotFoundError, ValueError) as e:
-            need(False, e)
-        except (TypeError, KeyError, RuntimeError) as e:
-            need(False, f"{ckpt} holds no loadable nanoVHA model ({type(e).__name__}: {str(e).splitlines()[0]})")
+            need(False, f"{ckpt}: {e}")
         c = real.cfg
         shape.update({k: getattr(c, k) for k in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "head_dim",
                                                   "mlp_hidden", "rope_theta", "qk_norm", "tie_embeddings")})
@@ -333,7 +331,9 @@ def run_decode():
         if "mha" in models:
             targets["vha_over_mha"] = x = vha["decode_tok_s"] / at[("mha", top)]["decode_tok_s"]
             kv_only = f"{breakdown['mha']['kv_ms'] / b['kv_ms']:.1f}x" if b["kv_ms"] > 0 else "n/a"
-            print(f"  folded VHA decode tok/s >= 3x MHA: {x:.2f}x (the KV parts alone: {kv_only})  {verdict(x >= 3)}")
+            targets["vha_over_mha_roofline"] = best = breakdown["mha"]["roofline_ms"] / b["roofline_ms"]
+            print(f"  folded VHA decode tok/s >= 3x MHA: {x:.2f}x (the KV parts alone: {kv_only}; at the roofline, "
+                  f"weights + KV at peak bandwidth, no implementation can beat {best:.2f}x)  {verdict(x >= 3)}")
         if f"gqa{vha_kv_head}" in models:
             targets["vha_over_gqa_same"] = x = vha["decode_tok_s"] / at[(f"gqa{vha_kv_head}", top)]["decode_tok_s"]
             print(f"  folded VHA within 5% of gqa{vha_kv_head} (same deployed shape, built directly): {x:.3f}x  {verdict(abs(x - 1) <= 0.05)}")

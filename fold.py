@@ -247,11 +247,12 @@ def main(argv):
     # Every check comes before the first write: a refused input leaves nothing behind.
     try:
         ckpt = load_checkpoint(src)
-        model = model_from_checkpoint(ckpt, device).eval()
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
-    except (RuntimeError, TypeError, KeyError) as e:
-        sys.exit(f"error: {src} does not build a nanoVHA model ({type(e).__name__}: {str(e)[:200]})")
+    try:
+        model = model_from_checkpoint(ckpt, device).eval()
+    except ValueError as e:
+        sys.exit(f"error: {src}: {e}")
     c = model.cfg
     if c.attn == "gqa":
         if not export_hf:

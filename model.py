@@ -538,5 +538,6 @@ def model_from_checkpoint(ckpt, device="cpu"):
         model.load_state_dict({k[len(prefix):] if k.startswith(prefix) else k: v for k, v in ckpt["model"].items()})
     except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as e:
         reason = str(e).strip().split("\n")[0][:200]
-        raise ValueError(f"the checkpoint holds no loadable model ({type(e).__name__}: {reason})") from None
+        raise ValueError(f"the checkpoint holds no loadable model ({type(e).__name__}: {reason}); "
+                         f"use a checkpoint written by train.py or fold.py") from None
     return model.to(device)

@@ -177,9 +177,8 @@ if init_from == "resume":  # read the checkpoint first: a bad one fails before a
          f"raise --max_iters to train further")
     try:
         model = model_from_checkpoint(ckpt)
-    except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as e:
-        sys.exit(f"error: cannot resume: {ckpt_path} holds no loadable model ({type(e).__name__}: "
-                 f"{' '.join(str(e).split())[:300]}); use an intact checkpoint or retrain")
+    except ValueError as e:
+        sys.exit(f"error: cannot resume: {ckpt_path}: {e}")
     model_args, block_size = ckpt["model_args"], model.cfg.block_size
     typed = [k for k in model_fields if config[k] != defaults[k] and config[k] != getattr(model.cfg, k)]
     need(not typed, "a resumed run keeps its checkpoint's model, but you set " + ", ".join(
