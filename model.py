@@ -269,10 +269,9 @@ class GPTConfig:
 
         for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head"):
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        need(self.attn in ("gqa", "vha"), f"attn must be 'gqa' or 'vha', got {self.attn!r}")
-        need(self.attn_impl in ("sdpa", "plain"), f"attn_impl must be 'sdpa' or 'plain', got {self.attn_impl!r}")
-        need(self.decode_impl in ("grouped", "sdpa"), f"decode_impl must be 'grouped' or 'sdpa', got {self.decode_impl!r}")
-        need(self.vha_postmix_act in ("linear", "silu"), f"vha_postmix_act must be 'linear' or 'silu', got {self.vha_postmix_act!r}")
+        for name, allowed in (("attn", ("gqa", "vha")), ("attn_impl", ("sdpa", "plain")),
+                              ("decode_impl", ("grouped", "sdpa")), ("vha_postmix_act", ("linear", "silu"))):
+            need(getattr(self, name) in allowed, f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         need(self.n_head % self.n_kv_head == 0,
              f"n_head % n_kv_head != 0 ({self.n_head} % {self.n_kv_head}): each KV head must serve the same number of query heads")
         if self.head_dim is None:
@@ -294,22 +293,11 @@ class GPTConfig:
             need(1 <= self.vha_postmix_rank <= self.n_attn_head,
                  f"vha_postmix_rank must be in [1, {self.n_attn_head}] (the heads it mixes), got {self.vha_postmix_rank}")
 
-    # derived head counts: physical projections H_p, heads that attend, and which VHA pieces are on
-    @property
-    def has_premix(self):
-        return self.attn == "vha" and self.vha_premix
-
-    @property
-    def has_postmix(self):
-        return self.attn == "vha" and self.vha_postmix
-
-    @property
-    def n_q_proj(self):  # rows of W_q, in heads: H_p = H_v / H_kv for VHA, n_head for GQA
-        return self.n_head // self.n_kv_head if self.attn == "vha" else self.n_head
-
-    @property
-    def n_attn_head(self):  # query heads in attention: H_v with premix, else the projections
-        return self.n_head if (self.attn == "gqa" or self.vha_premix) else self.n_q_proj
+    # derived: which VHA pieces are on, physical q projections H_p, and the query heads that attend
+    has_premix = property(lambda self: self.attn == "vha" and self.vha_premix)
+    has_postmix = property(lambda self: self.attn == "vha" and self.vha_postmix)
+    n_q_proj = property(lambda self: self.n_head // self.n_kv_head if self.attn == "vha" else self.n_head)  # H_p (VHA)
+    n_attn_head = property(lambda self: self.n_head if (self.attn == "gqa" or self.vha_premix) else self.n_q_proj)  # H_v
 
 
 class GPT(nn.Module):
