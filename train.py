@@ -264,7 +264,8 @@ if ckpt is not None:
     ckpt = None  # free memory
 raw_model = model
 if compile:
-    print("compiling the model ...") if master else None
+    if master:
+        print("compiling the model ...")
     model = torch.compile(model)
 if ddp:
     model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)

@@ -72,3 +72,14 @@ def test_sample_bpe(tmp_path, monkeypatch):
     run("train.py", f"--data_dir={data}", f"--out_dir={out}", "--max_iters=10", "--eval_interval=10", *TINY_MODEL)
     proc = run("sample.py", f"--out_dir={out}", "--start=ROMEO: what light", "--num_samples=1", "--max_new_tokens=8")
     assert proc.stdout.startswith("ROMEO: what light")
+
+
+def test_wandb_logging_offline(char_data, tmp_path):
+    pytest.importorskip("wandb", reason="wandb is an optional dependency (requirements-dev.txt installs it)")
+    out = str(tmp_path / "out")
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_CACHE_DIR": str(tmp_path / "cache"),
+           "WANDB_CONFIG_DIR": str(tmp_path / "config"), "WANDB_SILENT": "true"}
+    run("train.py", f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=3",
+        "--wandb_log=True", "--wandb_run_name=test", *TINY_MODEL, env=env)
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].rglob("*.wandb")), "wandb wrote no offline run"
