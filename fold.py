@@ -101,23 +101,18 @@ def analysis(model):
     same_group = heads[:, None] // group == heads[None, :] // group  # (H, H)
     rows = []
     for block in model.blocks:
-        a, row = block.attn, {}
-        if c.has_premix:
-            dev = a.premix.double() - torch.eye(c.head_dim, dtype=torch.float64, device=a.premix.device)  # (H_kv, d, d)
-            sq = dev.flatten(1).pow(2).sum(1)  # ||P_g - I||_F^2 per group
-            row["premix_dev"] = sq.sqrt().tolist()
-            if c.n_kv_head > 1:  # mean_{g != g'} ||P_g - P_g'||^2 / mean_g ||P_g - I||^2
-                pairs = (dev[:, None] - dev[None]).flatten(2).pow(2).sum(-1)  # (H_kv, H_kv)
-                mean_pair = pairs.sum() / (c.n_kv_head * (c.n_kv_head - 1))
-                row["divergence"] = (mean_pair / sq.mean().clamp_min(1e-30)).item()
-        if c.has_postmix:
-            VU = a.postmix_V.double() @ a.postmix_U.double().t()  # (H, H), rank <= r
-            M = torch.eye(c.n_attn_head, dtype=torch.float64, device=VU.device) + VU
+        h, row = block.attn.health(), {}  # the same per-layer numbers train.py logs (averaged) via vha_health
+        if "premix_dev" in h:
+            row["premix_dev"] = h["premix_dev"].tolist()
+        if "premix_group_div" in h:
+            row["divergence"] = h["premix_group_div"].item()
+        if "postmix_M" in h:
+            M = h["postmix_M"]
             off = M - torch.diag(torch.diag(M))
             off_mass = off.pow(2).sum()
             row["M"] = M.cpu()
-            row["sigma_max"] = torch.linalg.matrix_norm(VU, ord=2).item()
-            row["offdiag_share"] = (off_mass / M.pow(2).sum()).item()
+            row["sigma_max"] = h["postmix_sigma_max"].item()
+            row["offdiag_share"] = h["postmix_offdiag_share"].item()
             row["intra_group_share"] = (off[same_group].pow(2).sum() / off_mass).item() if off_mass > 0 else float("nan")
         rows.append(row)
     return rows

@@ -175,6 +175,25 @@ class Attention(nn.Module):
         V, U = self.postmix_V, self.postmix_U
         return torch.eye(V.size(0), dtype=V.dtype, device=V.device) + V @ U.t()
 
+    @torch.no_grad()
+    def health(self):
+        """This layer's VHA health in float64 (definitions in GPT.vha_health): premix_dev per group (H_kv,),
+        premix_group_div, postmix_M, postmix_sigma_max, postmix_offdiag_share."""
+        c, out = self.cfg, {}
+        if c.has_premix:
+            E = (self.premix.double() - torch.eye(c.head_dim, dtype=torch.float64, device=self.premix.device)).flatten(1)  # (H_kv, d*d)
+            out["premix_dev"] = E.norm(dim=1)  # ||P_g - I||_F
+            if c.n_kv_head > 1:
+                pair = (E[:, None] - E[None]).pow(2).sum(-1)  # (H_kv, H_kv): ||P_g - P_g'||^2
+                out["premix_group_div"] = pair.sum() / (c.n_kv_head * (c.n_kv_head - 1)) / E.pow(2).sum(1).mean().clamp_min(1e-30)
+        if c.has_postmix:
+            M = self.postmix_matrix().double()
+            eye = torch.eye(M.size(0), dtype=M.dtype, device=M.device)
+            out["postmix_M"] = M
+            out["postmix_sigma_max"] = torch.linalg.matrix_norm(M - eye, ord=2)  # of V U^T
+            out["postmix_offdiag_share"] = (M * (1 - eye)).pow(2).sum() / M.pow(2).sum()
+        return out
+
     def forward(self, x, cos, sin, start_pos=None):
         """x: (B, T, D). start_pos=None: training/no-cache; else write the KV cache at start_pos."""
         cfg = self.cfg
@@ -417,22 +436,9 @@ class GPT(nn.Module):
         mean_g ||P_g - I||^2 (0 = groups identical, about 2 = independent); postmix_sigma_max sigma_max(V U^T);
         postmix_offdiag_share (share of ||M||_F^2 off the diagonal); with a batch idx, postmix_rel_delta
         ||a' - a|| / ||a|| per token (0 at init)."""
-        c, attns, rows = self.cfg, [b.attn for b in self.blocks], []
-        for a in attns:
-            row = {}
-            if c.has_premix:
-                E = (a.premix.double() - torch.eye(c.head_dim, dtype=torch.float64, device=a.premix.device)).flatten(1)  # (H_kv, d*d)
-                row["premix_dev"] = E.norm(dim=1).mean()
-                if c.n_kv_head > 1:
-                    pair = (E[:, None] - E[None]).pow(2).sum(-1)  # (H_kv, H_kv): ||P_g - P_g'||^2
-                    row["premix_group_div"] = pair.sum() / (c.n_kv_head * (c.n_kv_head - 1)) / E.pow(2).sum(1).mean().clamp_min(1e-30)
-            if c.has_postmix:
-                M = a.postmix_matrix().double()
-                eye = torch.eye(M.size(0), dtype=M.dtype, device=M.device)
-                row["postmix_sigma_max"] = torch.linalg.matrix_norm(M - eye, ord=2)
-                row["postmix_offdiag_share"] = (M * (1 - eye)).pow(2).sum() / M.pow(2).sum()
-            rows.append(row)
-        out = {k: sum(float(r[k]) for r in rows) / len(rows) for k in rows[0]}
+        c, attns = self.cfg, [b.attn for b in self.blocks]
+        rows = [a.health() for a in attns]
+        out = {k: sum(float(r[k].mean()) for r in rows) / len(rows) for k in rows[0] if k != "postmix_M"}
         if c.has_postmix and idx is not None:  # one eval-mode forward that records ||a' - a|| / ||a||
             was_training = self.training
             for a in attns:
