@@ -13,6 +13,7 @@ Runs resume: a run whose result.json exists is skipped, a half-trained one conti
 """
 import csv
 import glob
+import hashlib
 import json
 import math
 import os
@@ -32,9 +33,10 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 DEFAULTS = dict(
     out_root="out-ablate",  # runs/<variant>/seed<N>/{lm,recall}/ + results.json, results.csv, report.md, ablate.png
     variants="all",  # or a comma list of VARIANTS names
+    kinds="lm,recall",  # which runs of each (variant, seed): "lm" only, "recall" only, or both
     n_seeds=3, seed=1337,  # seeds seed, seed+1, ...: each seed gives every variant the same batches
-    lm_iters=500, recall_iters=500, batch_size=16, block_size=256,  # LM runs: 500 x 16 x 256 = 2M tokens
-    recall_batch_size=8, recall_block_size=512,  # recall runs: the same tokens per step in longer sequences
+    lm_iters=500, recall_iters=1000, batch_size=16, block_size=256,  # LM runs: 500 x 16 x 256 = 2M tokens
+    recall_batch_size=8, recall_block_size=256,  # recall runs: 1000 x 8 x 256, the same 2M tokens in twice the steps
     warmup_iters=50, eval_interval=125, eval_iters=20, log_interval=10,
     model_args="",  # extra train.py overrides for every variant, e.g. "--n_layer=2 --n_embd=32"
     lm_dataset="shakespeare_char", lm_data_dir="",  # lm_data_dir: any folder with train.bin/val.bin/meta.pkl
@@ -97,8 +99,10 @@ def parse_args(argv):
         cfg["lengths"] = sorted(int(L) for L in cfg["eval_lengths"].split(","))
     except ValueError:
         sys.exit(f"error: eval_lengths must be comma-separated integers, got {cfg['eval_lengths']!r}")
-    if cfg["lengths"][0] < min(tasks.MIN_LENGTH.values()) or cfg["n_seeds"] < 1 or cfg["eval_examples"] < 1:
-        sys.exit(f"error: need eval lengths >= {min(tasks.MIN_LENGTH.values())}, n_seeds >= 1 and eval_examples >= 1")
+    if cfg["lengths"][0] < min(tasks.MIN_LENGTH[t] for t in tasks.TASKS) or cfg["n_seeds"] < 1 or cfg["eval_examples"] < 1:
+        sys.exit(f"error: need eval lengths >= {min(tasks.MIN_LENGTH[t] for t in tasks.TASKS)}, n_seeds >= 1 and eval_examples >= 1")
+    if not cfg["kinds"] or set(cfg["kinds"].split(",")) - {"lm", "recall"}:
+        sys.exit(f"error: kinds must be lm, recall or lm,recall, got {cfg['kinds']!r}")
     cfg["variant_list"] = list(names)
     return command, cfg
 
@@ -232,15 +236,18 @@ def run_one(cfg, variant, seed, kind, recall_dir):
 
 def cmd_run(cfg):
     seeds = [cfg["seed"] + i for i in range(cfg["n_seeds"])]
-    jobs = [(v, s, k) for s in seeds for v in cfg["variant_list"] for k in ("lm", "recall")]
+    jobs = [(v, s, k) for s in seeds for v in cfg["variant_list"] for k in cfg["kinds"].split(",")]
     tokens = {k: math.prod(budget(cfg, k)) for k in ("lm", "recall")}
-    print(f"ablation grid ({cfg['size']}): {len(cfg['variant_list'])} variants x {len(seeds)} seeds x (lm + recall) = {len(jobs)} runs; "
-          f"{tokens['lm']:,} + {tokens['recall']:,} tokens per (variant, seed); results in {cfg['out_root']}")
+    kinds = cfg["kinds"].split(",")
+    print(f"ablation grid ({cfg['size']}): {len(cfg['variant_list'])} variants x {len(seeds)} seeds x ({' + '.join(kinds)}) = {len(jobs)} runs; "
+          f"{' + '.join(f'{tokens[k]:,}' for k in kinds)} tokens per (variant, seed); results in {cfg['out_root']}")
     if cfg["size"] != "full":
         print(f"note: --{cfg['size']} is a reduced grid ({', '.join(cfg['variant_list'])}; {len(seeds)} seed(s); "
               f"{cfg['lm_iters']} steps), a check of the pipeline, not the reproduction: run without --{cfg['size']} for that")
-    recall_dir = os.path.abspath(os.path.join(cfg["out_root"], "data", f"recall_T{cfg['recall_block_size']}_{cfg['recall_chars']}"))
-    if not os.path.exists(os.path.join(recall_dir, "meta.pkl")):
+    with open(tasks.__file__, "rb") as f:  # the generator's own hash in the name: an edited task never reuses old data
+        version = hashlib.sha256(f.read()).hexdigest()[:8]
+    recall_dir = os.path.abspath(os.path.join(cfg["out_root"], "data", f"recall_T{cfg['recall_block_size']}_{cfg['recall_chars']}_{version}"))
+    if "recall" in kinds and not os.path.exists(os.path.join(recall_dir, "meta.pkl")):
         cmd = [sys.executable, os.path.join(ROOT, "data", "recall", "prepare.py"), "--out_dir", recall_dir,
                "--max_len", str(cfg["recall_block_size"]), "--train_chars", str(cfg["recall_chars"]),
                "--val_chars", str(max(cfg["recall_chars"] // 10, 10 * cfg["recall_block_size"]))]
@@ -265,6 +272,16 @@ def mean_recall(res, only=tasks.TASKS):
     return float(np.mean(inside or [a for _, a in cells]))
 
 
+def chance_floor(res):
+    """What guessing would reach on mean_recall(res), plus 3 standard errors of that guess: a mean recall
+    at or below it is indistinguishable from chance (cells: acc ~ Binomial(n, chance) / n)."""
+    cells = [(int(L), c) for t in tasks.TASKS for L, c in res["recall"].get(t, {}).items()]
+    inside = [c for L, c in cells if L <= res["block_size"]] or [c for _, c in cells]
+    mean = np.mean([c["chance"] for c in inside])
+    se = math.sqrt(sum(c["chance"] * (1 - c["chance"]) / c["n"] for c in inside)) / len(inside)
+    return float(mean + 3 * se)
+
+
 def load_results(cfg):
     """{variant: {"lm": [result per seed], "recall": [...]}} for the selected variants, in VARIANTS order."""
     groups = {}
@@ -278,7 +295,8 @@ def load_results(cfg):
 def metrics(group):
     """Per-seed value lists of everything the tables show."""
     lm, rc = group["lm"], group["recall"]
-    m = {"val_loss": [r["val_loss"] for r in lm], "recall": [mean_recall(r) for r in rc]}
+    m = {"val_loss": [r["val_loss"] for r in lm], "recall": [mean_recall(r) for r in rc],
+         "chance_floor": max([chance_floor(r) for r in rc], default=0.0)}
     for task in tasks.TASKS:
         m[task] = [mean_recall(r, [task]) for r in rc if task in r["recall"]]
         for L in (rc[0]["recall"].get(task, {}) if rc else {}):
@@ -340,6 +358,8 @@ def comparison_lines(M):
         paper_txt = f"{pa - pb:+.2f}" if pa is not None and pb is not None else ("first better" if paper_dir > 0 else "second better")
         dl, _, vl = compare(M[a]["val_loss"], M[b]["val_loss"], False, paper_dir)
         dr, _, vr = compare(M[a]["recall"], M[b]["recall"], True, paper_dir)
+        if dr is not None and all(np.mean(M[v]["recall"]) <= M[v]["chance_floor"] for v in (a, b)):
+            vr = "both at chance: not judged"  # differences between two guessers are noise, whatever their SE
         tally["val loss"].append(vl)
         tally["recall"].append(vr)
         lines.append(f"| {a} vs {b} | {paper_txt} | {'-' if dl is None else f'{dl:+.4f}'} | {vl} | "
@@ -388,6 +408,11 @@ def cmd_report(cfg):
                      + " | ".join(fmt(m[t], 100, 1) for t in tasks.TASKS) + f" | {m['params']:,} | {m['flops_per_token'] / 1e6:.2f}M | "
                      f"{m['kv_bytes_per_token']} | {fmt(m['tok_per_s'], 1, 0)} | {fmt(m['wall_s'], 1, 0)} |")
     cells = [f"{t}@{L}" for t in tasks.TASKS for L in lengths if any(f"{t}@{L}" in m for m in M.values())]
+    judged = {v: m for v, m in M.items() if m["recall"]}
+    if judged:
+        above = [v for v, m in judged.items() if np.mean(m["recall"]) > m["chance_floor"]]
+        lines += ["", f"Chance level of the recall column (uniform guessing + 3 SE): {max(m['chance_floor'] for m in judged.values()):.1%}. "
+                  f"Above it: {', '.join(above) if above else 'no variant; recall comparisons are not judged'}."]
     lines += ["", "## Recall exact match % by task and context length", "",
               "| variant | " + " | ".join(c + ("*" if int(c.split("@")[1]) > train_len else "") for c in cells) + " |",
               "|---" * (1 + len(cells)) + "|"]

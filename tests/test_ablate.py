@@ -157,3 +157,18 @@ def test_report_verdicts_follow_the_data(tmp_path, monkeypatch):
     assert cells[1] == "+1.41" and cells[2] == "-0.1000" and cells[3].startswith("agrees, resolved")
     assert cells[5].startswith("agrees, within seed spread")
     assert "1 agree with the paper beyond the seed spread" in report
+
+
+def test_recall_near_chance_is_not_judged():
+    def run_at(acc, chance, n=400):
+        return {"block_size": 128, "recall": {t: {"128": {"acc": acc, "n": n, "chance": chance}} for t in tasks.TASKS}}
+    floor = ablate.chance_floor(run_at(0.0, 0.01))
+    assert 0.01 < floor < 0.02  # 1% + 3 SE of a 400-answer guess, averaged over three cells
+    # two guessers 1.5 points apart, with tiny seed spread: "resolved" by SE, but both at chance
+    M = {v: {"val_loss": [1.6, 1.61, 1.62], "recall": accs, "chance_floor": floor}
+         for v, accs in (("vha", [0.0150, 0.0151, 0.0152]), ("gqa_same_deploy", [0.0001, 0.0002, 0.0003]))}
+    row = next(line for line in ablate.comparison_lines(M) if line.startswith("| vha vs gqa_same_deploy"))
+    assert "both at chance: not judged" in row
+    M["vha"]["recall"] = [0.30, 0.31, 0.32]  # one side clearly above chance: judged again
+    row = next(line for line in ablate.comparison_lines(M) if line.startswith("| vha vs gqa_same_deploy"))
+    assert "agrees, resolved" in row

@@ -49,10 +49,14 @@ def solve(text):
         keys = re.findall(r"the pass key is (\d{5})\.", body)
         assert len(keys) == 1 and body.endswith("|the pass key is " + keys[0])
         return keys
+    if kind == "cp|":
+        source, copy = body.lstrip(".").split("|")
+        assert source == copy
+        return [copy]
     raise AssertionError(f"unknown task header {kind!r}")
 
 
-@pytest.mark.parametrize("task", tasks.TASKS)
+@pytest.mark.parametrize("task", tasks.TRAIN_TASKS)
 def test_generators_are_exact_length_deterministic_and_correct(task):
     for L in (tasks.MIN_LENGTH[task], 100, 257, 1024, 2048):
         for i in range(8):
@@ -64,6 +68,15 @@ def test_generators_are_exact_length_deterministic_and_correct(task):
             assert ex == tasks.make_example(task, L, random.Random(f"test/{i}"))  # same seed, same example
     with pytest.raises(ValueError):
         tasks.make_example(task, tasks.MIN_LENGTH[task] - 1, random.Random(0))
+
+
+def test_filler_is_the_repeated_noise_with_the_pieces_whole():
+    ex = tasks.make_example("passkey", 700, random.Random(3))
+    body = ex["text"][3:ex["text"].index("|", 3)]
+    needle = re.search(r" the pass key is \d{5}\.", body)
+    assert needle and body[needle.start() - 1] == "."  # inserted at a sentence end
+    rest = body[:needle.start()] + body[needle.end():]
+    assert rest in tasks.NOISE * (len(rest) // len(tasks.NOISE) + 2)  # nothing but the noise sentences, in order
 
 
 def test_mqar_asks_several_queries_and_scales_keys():
@@ -89,8 +102,11 @@ def test_prepare_writes_a_char_dataset_without_eval_examples(tmp_path):
     encode, decode = load_tokenizer(meta)
     assert decode(encode("kv|ab=42 |ab=42\n")) == "kv|ab=42 |ab=42\n"
     train = tasks.decode(np.memmap(tmp_path / "train.bin", dtype=np.uint16, mode="r"))
-    assert len(train) >= 300_000 and {"kv|", "vt|", "pk|"} <= {line[:3] for line in train.split("\n")}
-    assert max(map(len, train.split("\n"))) + 1 <= 256  # examples up to --max_len
+    lines = train.split("\n")[:-1]
+    assert len(train) >= 300_000 and {line[:3] for line in lines} == {"kv|", "vt|", "pk|", "cp|"}
+    assert max(map(len, lines)) + 1 <= 256  # examples up to --max_len
+    mqar = np.array([len(line) + 1 for line in lines if line.startswith("kv|")])  # log-uniform over 32..256:
+    assert abs(np.mean(mqar < 64) - 1 / 3) < 0.05 and abs(np.mean(mqar >= 128) - 1 / 3) < 0.05  # a third per octave
     held_out = [ex["text"] for t in tasks.TASKS for L in (128, 256) for ex in tasks.eval_set(t, L, 50)]
     assert not [t for t in held_out if t in train]
 
