@@ -4,7 +4,8 @@ steps, tokens, LR schedule and seeds, twice per seed: on shakespeare_char (val l
 synthetic recall tasks of data/recall (exact-match recall by task and context length).
 
     python ablate.py --quick          # 3 variants x 2 seeds, short runs: a pipeline check (~6-12 min, 2-core CPU)
-    python ablate.py                  # all 9 variants x 3 seeds (~2 h on a 2-core CPU; minutes on a GPU)
+    python ablate.py                  # all 9 variants x 3 seeds (1 h 42 min on a 2-core CPU; minutes on a GPU)
+    python ablate.py --kinds=lm       # only the LM runs (or --kinds=recall: only the recall runs)
     python ablate.py report           # rebuild results.json/csv, report.md, ablate.png from finished runs
     python ablate.py eval --out_dir=DIR [--ckpt_name=ckpt_folded.pt]   # recall accuracy of one checkpoint
 
