@@ -237,9 +237,9 @@ def run_one(cfg, variant, seed, kind, recall_dir):
 
 def cmd_run(cfg):
     seeds = [cfg["seed"] + i for i in range(cfg["n_seeds"])]
-    jobs = [(v, s, k) for s in seeds for v in cfg["variant_list"] for k in cfg["kinds"].split(",")]
-    tokens = {k: math.prod(budget(cfg, k)) for k in ("lm", "recall")}
     kinds = cfg["kinds"].split(",")
+    jobs = [(v, s, k) for s in seeds for v in cfg["variant_list"] for k in kinds]
+    tokens = {k: math.prod(budget(cfg, k)) for k in kinds}
     print(f"ablation grid ({cfg['size']}): {len(cfg['variant_list'])} variants x {len(seeds)} seeds x ({' + '.join(kinds)}) = {len(jobs)} runs; "
           f"{' + '.join(f'{tokens[k]:,}' for k in kinds)} tokens per (variant, seed); results in {cfg['out_root']}")
     if cfg["size"] != "full":
