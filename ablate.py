@@ -265,19 +265,22 @@ def cmd_run(cfg):
 
 
 # ---- results: tables, comparisons with the paper, plot ----
+def inside_cells(res, only=tasks.TASKS):
+    """The recall cells of the tasks `only` at lengths within the training context (all lengths if none
+    is): recall beyond it mostly measures RoPE extrapolation, shown separately by length."""
+    cells = [(int(L), c) for t in only for L, c in res["recall"].get(t, {}).items()]
+    return [c for L, c in cells if L <= res["block_size"]] or [c for _, c in cells]
+
+
 def mean_recall(res, only=tasks.TASKS):
-    """Mean exact match over the tasks `only` at the lengths within the training context (all lengths if
-    none is): recall beyond it mostly measures RoPE extrapolation, shown separately by length."""
-    cells = [(int(L), c["acc"]) for t in only for L, c in res["recall"].get(t, {}).items()]
-    inside = [a for L, a in cells if L <= res["block_size"]]
-    return float(np.mean(inside or [a for _, a in cells]))
+    """Mean exact match over inside_cells(res, only)."""
+    return float(np.mean([c["acc"] for c in inside_cells(res, only)]))
 
 
 def chance_floor(res):
     """What guessing would reach on mean_recall(res), plus 3 standard errors of that guess: a mean recall
     at or below it is indistinguishable from chance (cells: acc ~ Binomial(n, chance) / n)."""
-    cells = [(int(L), c) for t in tasks.TASKS for L, c in res["recall"].get(t, {}).items()]
-    inside = [c for L, c in cells if L <= res["block_size"]] or [c for _, c in cells]
+    inside = inside_cells(res)
     mean = np.mean([c["chance"] for c in inside])
     se = math.sqrt(sum(c["chance"] * (1 - c["chance"]) / c["n"] for c in inside)) / len(inside)
     return float(mean + 3 * se)
