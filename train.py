@@ -27,6 +27,7 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import ConfigError, configure, resolve_device
+from data.recall import tasks as recall_tasks
 from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint, save_checkpoint
 
 # -----------------------------------------------------------------------------
@@ -45,6 +46,7 @@ wandb_run_name = "run"
 # data
 dataset = "shakespeare_char"
 data_dir = ""  # default: data/<dataset>; prepared there on first use
+curriculum_iters = 0  # row datasets (data/recall): difficulty ramps to full over these iterations; 0: full from the start
 gradient_accumulation_steps = 1  # global: divided among DDP processes
 batch_size = 16  # micro-batch per process
 block_size = 256
@@ -183,11 +185,10 @@ if init_from == "resume":  # read the checkpoint first: a bad one fails before a
     typed = [k for k in model_fields if config[k] != defaults[k] and config[k] != getattr(model.cfg, k)]
     need(not typed, "a resumed run keeps its checkpoint's model, but you set " + ", ".join(
         f"{k}={config[k]!r} (checkpoint: {getattr(model.cfg, k)!r})" for k in typed) + "; drop them or start a new --out_dir")
-tokens_per_iter = gradient_accumulation_steps * batch_size * block_size
 
 # data: uint16 token bins + meta.pkl, prepared on first use
 data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
-if master and not os.path.exists(os.path.join(data_dir, "train.bin")):
+if master and not os.path.exists(os.path.join(data_dir, "meta.pkl")):  # written last: its presence means complete
     prepare = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset, "prepare.py")
     need(os.path.exists(prepare), f"no data in {data_dir} and no data/{dataset}/prepare.py to make it; prepare "
          f"it yourself (e.g. python data/text/prepare.py --input FILE --out_dir {data_dir})")
@@ -199,20 +200,42 @@ if ddp:
 try:
     with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
         meta = pickle.load(f)
-    splits = {s: np.memmap(os.path.join(data_dir, f"{s}.bin"), dtype=np.uint16, mode="r") for s in ("train", "val")}
-    vocab_size = meta["vocab_size"]
+    vocab_size, row_spec = meta["vocab_size"], meta.get("rows")
+    if row_spec:  # rows: training batches are generated from the spec, val rows are stored (held out)
+        with np.load(os.path.join(data_dir, "val.npz")) as f:
+            val_rows = torch.from_numpy(f["x"].astype(np.int64)), torch.from_numpy(f["y"].astype(np.int64))
+    else:  # text: one token stream per split, batches are random windows of it
+        splits = {s: np.memmap(os.path.join(data_dir, f"{s}.bin"), dtype=np.uint16, mode="r") for s in ("train", "val")}
 except (OSError, ValueError, EOFError, KeyError, pickle.UnpicklingError) as e:
     sys.exit(f"error: the dataset in {data_dir} is incomplete or corrupt ({type(e).__name__}: {e}); run its "
              f"prepare.py again (or delete the folder to have it prepared on first use)")
-for s, data in splits.items():
-    need(len(data) > block_size, f"{data_dir}/{s}.bin has {len(data)} tokens, fewer than block_size+1={block_size + 1}; lower block_size")
+if row_spec:
+    need(block_size >= meta["row_length"], f"rows of {data_dir} are {meta['row_length']} tokens, longer than "
+         f"block_size={block_size}; raise --block_size")
+else:
+    need(curriculum_iters == 0, f"curriculum_iters={curriculum_iters} needs a row dataset (data/recall); {data_dir} is text")
+    for s, data in splits.items():
+        need(len(data) > block_size, f"{data_dir}/{s}.bin has {len(data)} tokens, fewer than block_size+1={block_size + 1}; lower block_size")
+seq_len = meta["row_length"] if row_spec else block_size  # the length of every training batch
+tokens_per_iter = gradient_accumulation_steps * batch_size * seq_len
 
 
-def get_batch(split, generator):
-    data = splits[split]
-    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
-    x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix.tolist()])
-    y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix.tolist()])
+def difficulty(it):
+    """Curriculum progress at iteration it, in [0, 1]: rows get harder linearly, then stay at full."""
+    return min(1.0, it / curriculum_iters) if curriculum_iters else 1.0
+
+
+def get_batch(split, generator, frac=1.0):
+    """(x, y) of (batch_size, T). Text: random windows, y = x shifted by one. Rows: whole generated
+    rows at curriculum progress frac, y = -1 except at the answers (the loss ignores -1)."""
+    if row_spec:
+        x, y = recall_tasks.batch(row_spec, batch_size, np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator))), frac)
+        x, y = torch.from_numpy(x), torch.from_numpy(y)
+    else:
+        data = splits[split]
+        ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
+        x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix.tolist()])
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix.tolist()])
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
@@ -284,11 +307,25 @@ def get_lr(it):
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss over the same eval_iters batches at every eval (fixed generator per split)."""
+    """Mean loss over the same eval_iters batches at every eval (fixed generator per split). Row datasets:
+    val is the stored held-out rows at full difficulty, scored too: val_acc (answer tokens right) and
+    val_exact (rows with every answer right), by argmax, which equals greedy decoding for exact match."""
     model.eval()
     out = {}
     for split in ("train", "val"):
         gen = torch.Generator().manual_seed(seed + (1 if split == "val" else 2))
+        if row_spec and split == "val":
+            x_all, y_all = val_rows
+            losses, preds = [], []
+            for i in range(0, len(x_all), batch_size):
+                x, y = x_all[i:i + batch_size].to(device), y_all[i:i + batch_size].to(device)
+                with autocast:
+                    logits, loss = model(x, y)
+                losses.append(loss.item() * (y >= 0).sum().item())
+                preds.append(logits.argmax(-1).cpu())
+            out["val"] = sum(losses) / (y_all >= 0).sum().item()  # mean over all answer tokens
+            out["val_acc"], out["val_exact"] = recall_tasks.score(torch.cat(preds).numpy(), y_all.numpy())
+            continue
         losses = torch.zeros(eval_iters)
         for k in range(eval_iters):
             x, y = get_batch(split, gen)
@@ -303,7 +340,7 @@ def estimate_loss():
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
               "4090": 165e12, "3090": 71e12, "V100": 125e12, "T4": 65e12}
 peak = next((v for k, v in PEAK_FLOPS.items() if device_type == "cuda" and k in torch.cuda.get_device_name()), None)
-flops_per_iter = raw_model.flops_per_token(block_size, training=True) * tokens_per_iter
+flops_per_iter = raw_model.flops_per_token(seq_len, training=True) * tokens_per_iter
 
 if master:
     if init_from == "resume" and os.path.exists(log_path):  # drop rows past the checkpoint: they will be redone
@@ -382,9 +419,12 @@ while True:
         if master:
             elapsed = time.time() - t_start
             row = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"], "time": elapsed,
-                   "tokens": iter_num * tokens_per_iter, **raw_model.vha_health(health_batch)}
+                   "tokens": iter_num * tokens_per_iter, **{k: losses[k] for k in ("val_acc", "val_exact") if k in losses},
+                   **({"difficulty": recall_tasks.level(row_spec, difficulty(iter_num))} if row_spec else {}),
+                   **raw_model.vha_health(health_batch)}
             log(row)
-            say(f"step {iter_num}: train {losses['train']:.4f}, val {losses['val']:.4f}, {elapsed:.0f}s"
+            say(f"step {iter_num}: train {losses['train']:.4f}, val {losses['val']:.4f}"
+                + (f", val acc {losses['val_acc']:.1%}" if row_spec else "") + f", {elapsed:.0f}s"
                 + "".join(f", {k} {v:.3g}" for k, v in row.items() if k.startswith(("premix", "postmix"))))
             if losses["val"] < best_val_loss or always_save_checkpoint:
                 best_val_loss = min(best_val_loss, losses["val"])
@@ -399,7 +439,7 @@ while True:
         micro = rank * accum_per_rank + k
         gen = rng(iter_num, micro)
         torch.manual_seed(int(torch.randint(2**62, (1,), generator=gen)))  # dropout masks, reproducible
-        x, y = get_batch("train", gen)
+        x, y = get_batch("train", gen, difficulty(iter_num))
         if ddp:  # sync gradients only on the last micro-step
             model.require_backward_grad_sync = k == accum_per_rank - 1
         with autocast:

@@ -204,6 +204,9 @@ def load_tokenizer(meta):
     if kind == "gpt2":
         enc = gpt2_encoding()
         return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
+    if kind == "rows":
+        raise ValueError("this is a row dataset of synthetic recall tasks (data/recall): its tokens are not text; "
+                         "score such a model with python ablate.py sweep, or train on a text dataset")
     raise ValueError(f"unknown tokenizer {kind!r} in meta.pkl: expected 'char' or 'gpt2'; re-run prepare.py")
 
 

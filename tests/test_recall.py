@@ -1,9 +1,8 @@
-"""data/recall: the task generators are deterministic and right (checked by a solver written here from the
-text alone), the eval set is held out of the training text, and scoring gives an oracle 100%, chance to
-random guessing, and the same verdicts by teacher forcing as by greedy decoding."""
+"""data/recall and row datasets in train.py: the generators are deterministic and right (checked by a solver
+written here from the tokens alone), the curriculum ramps, held-out rows come from their own stream, the loss
+reads only the answers, and a row run trains, logs accuracy and resumes exactly."""
+import json
 import pickle
-import random
-import re
 
 import numpy as np
 import pytest
@@ -11,167 +10,148 @@ import torch
 import torch.nn.functional as F
 
 from conftest import run
-from data.common import load_tokenizer
 from data.recall import tasks
 from model import GPT, GPTConfig
 
-V = len(tasks.ALPHABET)
 
-
-@pytest.fixture(autouse=True)
-def one_thread():  # tiny models: a second thread only fights over a shared CPU
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def solve(text):
-    """Answers an example from its text alone, in order (independent of the generator's code)."""
-    kind, body = text[:3], text[3:].rstrip("\n")
-    if kind == "kv|":
-        defs, queries = body.split("|")
-        pairs = re.findall(r"([a-z]+)=(\d\d) ", defs)
-        assert len({k for k, _ in pairs}) == len(pairs), "keys repeat"
+def solve(x, spec):
+    """The answer expected at each position of row x (-1 where none), from its tokens alone."""
+    x, y = list(map(int, x)), [-1] * len(x)
+    sep = x.index(tasks.SEP)
+    if spec["task"] == "mqar":
+        story = x[:sep]
+        pairs = [(story[i], story[i + 1]) for i in range(0, len(story), 2) if story[i] >= tasks.first_key(spec)
+                 and i + 1 < len(story) and story[i + 1] >= tasks.first_value(spec)]  # the filler gap has no pairs
         table = dict(pairs)
-        return [table[k] for k in re.findall(r"([a-z]+)=\d\d", queries)]
-    if kind == "vt|":
-        story, question = body.split("|")
-        value = re.match(r"(\d\d)\?", question).group(1)
-        env, order = {}, []
-        for var, rhs in re.findall(r"([A-Z]\d)=([A-Z]\d|\d\d)\.", story):
-            assert var not in env, "a variable is assigned twice"
-            env[var] = env[rhs] if rhs[0].isupper() else rhs  # KeyError if used before it is assigned
-            order.append(var)
-        assert len(set(env.values())) > 1, "no distractor chain"
-        return [" ".join(v for v in order if env[v] == value)]
-    if kind == "pk|":
-        keys = re.findall(r"the pass key is (\d{5})\.", body)
-        assert len(keys) == 1 and body.endswith("|the pass key is " + keys[0])
-        return keys
-    if kind == "cp|":
-        source, copy = body.lstrip(".").split("|")
-        assert source == copy
-        return [copy]
-    raise AssertionError(f"unknown task header {kind!r}")
+        assert len(table) == len(pairs), "a key repeats"
+        for t in range(sep + 1, len(x)):
+            if x[t] != tasks.PAD:
+                assert x[t] in table, "a query for a key that was never given"
+                y[t] = table[x[t]]
+        assert sorted(k for k in x[sep + 1:] if k != tasks.PAD) == sorted(table), "the queries are not the keys"
+    elif spec["task"] == "vt":
+        story = x[:next(t for t, tok in enumerate(x) if tok < tasks.first_key(spec))]  # up to the gap's filler or SEP
+        nxt, assigned = {}, set()
+        for src, name in zip(story[0::2], story[1::2]):
+            assert name not in assigned and (src >= tasks.first_value(spec) or src in assigned), "bad assignment order"
+            assert src not in nxt, "two names assigned from one source: not a chain"
+            nxt[src], _ = name, assigned.add(name)
+        t = sep
+        while t < len(x) and x[t] == tasks.SEP:  # SEP value, then the chain one hop per token, to its end
+            j = t + 1
+            assert x[j] >= tasks.first_value(spec)
+            while j + 1 < len(x) and x[j + 1] not in (tasks.SEP, tasks.PAD):
+                assert nxt[x[j]] == x[j + 1]
+                y[j], j = x[j + 1], j + 1
+            assert x[j] not in nxt, "the answer stops before the chain's end"
+            t = j + 1
+    else:
+        needles = [t for t in range(len(x)) if x[t] == tasks.NEEDLE]
+        assert len(needles) == 2 and x[needles[1] - 1] == tasks.SEP and needles[1] - 1 == sep
+        k = spec["n_digits"]
+        assert x[needles[0] + 1:needles[0] + 1 + k] == x[needles[1] + 1:needles[1] + 1 + k]
+        for j in range(k):
+            y[needles[1] + j] = x[needles[1] + 1 + j]
+    return y
 
 
-@pytest.mark.parametrize("task", tasks.TRAIN_TASKS)
-def test_generators_are_exact_length_deterministic_and_correct(task):
-    for L in (tasks.MIN_LENGTH[task], 100, 257, 1024, 2048):
-        for i in range(8):
-            ex = tasks.make_example(task, L, random.Random(f"test/{i}"))
-            text = ex["text"]
-            assert len(text) == L and text.endswith("\n") and text.count("\n") == 1
-            assert set(text) <= set(tasks.ALPHABET)
-            assert [text[s:e] for s, e in ex["spans"]] == solve(text), text
-            assert ex == tasks.make_example(task, L, random.Random(f"test/{i}"))  # same seed, same example
-    with pytest.raises(ValueError):
-        tasks.make_example(task, tasks.MIN_LENGTH[task] - 1, random.Random(0))
+SPECS = [tasks.make_spec("mqar", n_pairs=8, n_keys=32, n_values=16, gap=5), tasks.make_spec("mqar"),
+         tasks.make_spec("vt", n_chains=3, n_hops=5, gap=4), tasks.make_spec("passkey", length=60, n_digits=3)]
 
 
-def test_filler_is_the_repeated_noise_with_the_pieces_whole():
-    ex = tasks.make_example("passkey", 700, random.Random(3))
-    body = ex["text"][3:ex["text"].index("|", 3)]
-    needle = re.search(r" the pass key is \d{5}\.", body)
-    assert needle and body[needle.start() - 1] == "."  # inserted at a sentence end
-    rest = body[:needle.start()] + body[needle.end():]
-    assert rest in tasks.NOISE * (len(rest) // len(tasks.NOISE) + 2)  # nothing but the noise sentences, in order
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s["task"])
+def test_generators_are_right_deterministic_and_padded(spec):
+    T = tasks.row_length(spec)
+    for frac in (0.0, 0.4, 1.0):
+        x, y = tasks.batch(spec, 20, np.random.default_rng(7), frac)
+        assert x.shape == y.shape == (20, T) and x.min() >= 0 and x.max() < tasks.vocab_size(spec)
+        for row_x, row_y in zip(x, y):
+            assert list(row_y) == solve(row_x, spec)
+        again = tasks.batch(spec, 20, np.random.default_rng(7), frac)
+        assert (again[0] == x).all() and (again[1] == y).all()
+        used = (x != tasks.PAD).sum(1)  # the curriculum: shorter rows early, padded at the end with no targets
+        assert (y[x == tasks.PAD] == -1).all()
+        if frac == 1.0:
+            assert (used == T).all()
 
 
-def test_mqar_asks_several_queries_and_scales_keys():
-    ex = tasks.make_example("mqar", 1024, random.Random(0))
-    assert len(ex["spans"]) == 32
-    long = tasks.make_example("mqar", 8192, random.Random(0))  # > 26^2 pairs: 3-letter keys, still correct
-    assert [long["text"][s:e] for s, e in long["spans"]] == solve(long["text"])
+def test_curriculum_ramps_the_difficulty_knob():
+    spec = tasks.make_spec("mqar", n_pairs=16, curriculum_start=2)
+    assert [tasks.level(spec, f) for f in (0, 0.5, 1, 2)] == [2, 9, 16, 16]
+    for frac, pairs in ((0.0, 2), (0.5, 9), (1.0, 16)):
+        _, y = tasks.batch(spec, 4, np.random.default_rng(0), frac)
+        assert ((y >= 0).sum(1) == pairs).all()  # one answer per pair
+    vt = tasks.make_spec("vt", n_chains=2, n_hops=4)
+    assert ((tasks.batch(vt, 3, np.random.default_rng(0), 0.0)[1] >= 0).sum(1) == 2).all()  # 1 hop per chain
+    with pytest.raises(ValueError, match="curriculum_start"):
+        tasks.make_spec("mqar", n_pairs=4, curriculum_start=5)
+    with pytest.raises(ValueError, match="no knob"):
+        tasks.make_spec("mqar", n_hops=3)
+    with pytest.raises(ValueError, match="distinct"):
+        tasks.make_spec("mqar", n_pairs=40, n_keys=32)
 
 
-def test_streams_are_deterministic_and_separate():
-    a = tasks.text_stream(5000, 256, 0, "train")
-    assert a == tasks.text_stream(5000, 256, 0, "train")
-    assert a != tasks.text_stream(5000, 256, 1, "train") and a != tasks.text_stream(5000, 256, 0, "val")
-    assert tasks.eval_set("vt", 128, 3) == tasks.eval_set("vt", 128, 5)[:3]  # a larger n only adds examples
-    first = a.split("\n")[0] + "\n"
-    assert first not in tasks.text_stream(5000, 256, 0, "train", exclude={first})  # exclusion works
+def test_held_out_rows_are_their_own_stream_and_score_right():
+    spec = tasks.make_spec("mqar", n_pairs=8, n_keys=32)
+    x, y = tasks.eval_rows(spec, 64)
+    assert (tasks.eval_rows(spec, 64)[0] == x).all()
+    train = tasks.batch(spec, 64, np.random.default_rng(1337), 1.0)[0]
+    assert not {r.tobytes() for r in x} & {r.tobytes() for r in train}
+    pred = np.where(y >= 0, y, 0)
+    assert tasks.score(pred, y) == (1.0, 1.0)
+    pred[0, y[0] >= 0] += 1  # one row entirely wrong: 1/64 of the answers, 1/64 of the rows
+    assert tasks.score(pred, y) == pytest.approx((63 / 64, 63 / 64))
+    guess = np.random.default_rng(0).integers(tasks.first_value(spec), tasks.vocab_size(spec), size=y.shape)
+    assert tasks.score(guess, y)[0] < 0.03  # a uniform guess among 128 values: ~0.8%
 
 
-def test_prepare_writes_a_char_dataset_without_eval_examples(tmp_path):
-    run("data/recall/prepare.py", "--out_dir", tmp_path, "--max_len", 256, "--train_chars", 300_000, "--val_chars", 20_000)
-    meta = pickle.load(open(tmp_path / "meta.pkl", "rb"))
-    assert meta["tokenizer"] == "char" and meta["vocab_size"] == V and meta["stoi"] == tasks.STOI
-    encode, decode = load_tokenizer(meta)
-    assert decode(encode("kv|ab=42 |ab=42\n")) == "kv|ab=42 |ab=42\n"
-    train = tasks.decode(np.memmap(tmp_path / "train.bin", dtype=np.uint16, mode="r"))
-    lines = train.split("\n")[:-1]
-    assert len(train) >= 300_000 and {line[:3] for line in lines} == {"kv|", "vt|", "pk|", "cp|"}
-    assert max(map(len, lines)) + 1 <= 256  # examples up to --max_len
-    mqar = np.array([len(line) + 1 for line in lines if line.startswith("kv|")])  # log-uniform over 32..256:
-    assert abs(np.mean(mqar < 64) - 1 / 3) < 0.05 and abs(np.mean(mqar >= 128) - 1 / 3) < 0.05  # a third per octave
-    held_out = [ex["text"] for t in tasks.TASKS for L in (128, 256) for ex in tasks.eval_set(t, L, 50)]
-    assert not [t for t in held_out if t in train]
-
-
-# ---- scoring ----
-class Oracle(torch.nn.Module):
-    """Knows every example: its logits put all mass on the true next token (shift=1), or on the
-    current one (shift=0, an off-by-one model that must score ~0)."""
-
-    def __init__(self, examples, shift=1):
-        super().__init__()
-        self.texts = {ex["text"][:-1]: ex["text"] for ex in examples}
-        self.shift = shift
-
-    def forward(self, idx):
-        full = [tasks.encode(self.texts[tasks.decode(row)]) for row in idx]
-        nxt = torch.tensor(np.stack([t[self.shift:self.shift + idx.size(1)] for t in full]))
-        return F.one_hot(nxt, V).float(), None
-
-
-class Guesser(torch.nn.Module):
-    """Uniform random guesses among the digits (the answer alphabet of mqar and passkey)."""
-
-    def forward(self, idx):
-        logits = torch.rand(*idx.shape, V, generator=torch.Generator().manual_seed(int(idx.sum())))
-        digits = torch.tensor([c.isdigit() for c in tasks.ALPHABET])
-        return logits.masked_fill(~digits, -1.0), None
-
-
-def accuracy(model, examples, **kw):
-    right = [r for ex in tasks.score(model, examples, **kw) for r in ex]
-    return sum(right) / len(right)
-
-
-def test_oracle_scores_100_and_off_by_one_scores_0():
-    examples = [ex for t in tasks.TASKS for L in (128, 300) for ex in tasks.eval_set(t, L, 6)]
-    assert accuracy(Oracle(examples), examples, batch_size=4) == 1.0
-    assert accuracy(Oracle(examples, shift=0), examples) < 0.05
-
-
-def test_random_guessing_scores_near_chance():
-    mqar = tasks.eval_set("mqar", 512, 60)  # 60 x 16 queries
-    acc = accuracy(Guesser(), mqar)
-    assert abs(acc - tasks.chance("mqar")) < 0.01, acc
-    assert accuracy(Guesser(), tasks.eval_set("passkey", 256, 40)) == 0.0  # chance 1e-5
-
-
-def greedy_answer(model, ex, change_last=False):
-    """ex with its answer replaced by the model's own greedy continuation (optionally last token changed)."""
-    (s, e), = ex["spans"]
-    x = torch.from_numpy(tasks.encode(ex["text"]))[None]
-    ids = model.generate(x[:, :s], e - s, temperature=0)[0, s:e].clone()
-    if change_last:
-        ids[-1] = (ids[-1] + 1) % V
-    return dict(ex, text=ex["text"][:s] + tasks.decode(ids) + ex["text"][e:])
-
-
-def test_teacher_forcing_agrees_with_greedy_decoding():
+def test_the_loss_reads_only_the_answers():
+    spec = tasks.make_spec("mqar", n_pairs=4, n_keys=16, n_values=16)
+    x, y = (torch.from_numpy(a) for a in tasks.batch(spec, 3, np.random.default_rng(0)))
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=V, block_size=256, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, attn="vha")).double().eval()
-    base = tasks.eval_set("vt", 96, 3) + tasks.eval_set("passkey", 200, 3)
-    good = [greedy_answer(model, ex) for ex in base]
-    bad = [greedy_answer(model, ex, change_last=True) for ex in base]
-    for examples, want in ((good, True), (bad, False), (base, None)):
-        forced, greedy = tasks.score(model, examples), tasks.score(model, examples, greedy=True)
-        assert forced == greedy
-        if want is not None:
-            assert forced == [[want]] * len(examples)
+    model = GPT(GPTConfig(vocab_size=tasks.vocab_size(spec), block_size=16, n_layer=1, n_embd=16, n_head=2, n_kv_head=1)).double()
+    logits, loss = model(x, y)
+    answers = y >= 0
+    assert torch.allclose(loss, F.cross_entropy(logits[answers], y[answers]), rtol=1e-12, atol=0)
+
+
+def prepare(tmp_path, *knobs):
+    run("data/recall/prepare.py", "--out_dir", tmp_path, "--n_val", 32, *knobs)
+    return pickle.load(open(tmp_path / "meta.pkl", "rb"))
+
+
+def test_prepare_writes_a_row_dataset(tmp_path):
+    meta = prepare(tmp_path, "--n_pairs", 6, "--n_keys", 24, "--gap", 3)
+    assert meta["tokenizer"] == "rows" and meta["rows"]["n_pairs"] == 6 and meta["row_length"] == 3 * 6 + 3 + 1
+    with np.load(tmp_path / "val.npz") as f:
+        x, y = tasks.eval_rows(meta["rows"], 32)
+        assert (f["x"] == x).all() and (f["y"] == y).all()
+    bad = run("data/recall/prepare.py", "--out_dir", tmp_path / "b", "--n_pairs", 50, "--n_keys", 24, check=False)
+    assert bad.returncode != 0 and bad.stderr.strip().startswith("error:") and "distinct" in bad.stderr
+
+
+ROWS = ["--n_layer=1", "--n_embd=32", "--n_head=4", "--n_kv_head=2", "--head_dim=8", "--batch_size=16", "--block_size=13",
+        "--eval_iters=1", "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3", "--device=cpu", "--dtype=float32",
+        "--rope_theta=1e6", "--attn=vha"]
+
+
+def log_rows(out):
+    return [json.loads(line) for line in open(out / "log.jsonl")]
+
+
+def test_row_training_logs_accuracy_follows_the_curriculum_and_resumes_exactly(tmp_path):
+    data = tmp_path / "data"
+    prepare(data, "--n_pairs", 4, "--n_keys", 8, "--n_values", 8, "--curriculum_start", 1)
+    common = ["train.py", *ROWS, f"--data_dir={data}", "--max_iters=8", "--lr_decay_iters=8", "--eval_interval=2", "--curriculum_iters=6"]
+    run(*common, f"--out_dir={tmp_path / 'a'}")
+    evals = [r for r in log_rows(tmp_path / "a") if "val_loss" in r]
+    assert [r["difficulty"] for r in evals] == [1, 2, 3, 4, 4]  # pairs: 1 + 3 * it/6, rounded
+    assert all(0 <= r["val_acc"] <= 1 and 0 <= r["val_exact"] <= r["val_acc"] for r in evals)
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"]
+    run(*common, f"--out_dir={tmp_path / 'b'}", "--max_iters=4")
+    run(*common, f"--out_dir={tmp_path / 'b'}", "--init_from=resume")
+    assert log_rows(tmp_path / "b")[-1]["val_loss"] == log_rows(tmp_path / "a")[-1]["val_loss"]
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("time", "tok_per_s")} for r in rows]
+    assert strip(log_rows(tmp_path / "b")) == strip(log_rows(tmp_path / "a"))
+    short = run(*common, f"--out_dir={tmp_path / 'c'}", "--block_size=8", check=False)
+    assert short.returncode != 0 and "raise --block_size" in short.stderr

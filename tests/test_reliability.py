@@ -131,18 +131,27 @@ def test_sigkill_at_random_moments_and_mid_checkpoint_then_resume_is_exact(char_
     assert losses(read_log(part)) == losses(read_log(full))
 
 
-@pytest.mark.parametrize("eval_interval, what, kept", [(5, "the training loss is nan at iteration 8", 5),
-                                                       (4, "the eval train loss is nan at iteration 8", 4)])
-def test_divergence_stops_and_keeps_the_last_good_checkpoint(char_data, tmp_path, eval_interval, what, kept):
-    """A real divergence: lr 100 without clipping blows the fp32 weights up within 8 steps."""
+@pytest.mark.parametrize("eval_interval", [2, 3])
+def test_divergence_stops_and_keeps_the_last_good_checkpoint(char_data, tmp_path, eval_interval):
+    """A real divergence: lr 100 without clipping blows the fp32 weights up within a few steps. The step
+    it happens at depends on the CPU's kernels (8 on one machine of this kind, 4 on another), so the
+    expectations follow from the step named in the error: the check that fires (training loss, or the eval
+    loss when that step is an eval) and the last checkpoint before it."""
     out = str(tmp_path / "out")
     proc = run("train.py", *train_args(char_data, out, "--max_iters=30", f"--eval_interval={eval_interval}",
                                        "--learning_rate=100.0", "--warmup_iters=0", "--grad_clip=0"))
-    fails(proc, what, f"ckpt.pt (iteration {kept}) is kept", "lower --learning_rate", "set --grad_clip=1.0")
-    ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
-    assert ckpt["iter_num"] == kept
-    assert all(t.isfinite().all() for t in ckpt["model"].values())
-    assert max(r["iter"] for r in read_log(out)) < 8  # no poisoned row either
+    found = re.search(r"the (training loss|eval train loss) is nan at iteration (\d+)", proc.stderr)
+    assert found, proc.stderr
+    what, step = found.group(1), int(found.group(2))
+    assert (what == "eval train loss") == (step % eval_interval == 0)  # an eval step is caught by its eval first
+    kept = (step - 1) // eval_interval * eval_interval  # the last eval before the bad step saved a checkpoint
+    fails(proc, found.group(0), f"ckpt.pt (iteration {kept}) is kept" if kept else "no checkpoint was written yet",
+          "lower --learning_rate", "set --grad_clip=1.0")
+    if kept:
+        ckpt = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+        assert ckpt["iter_num"] == kept
+        assert all(t.isfinite().all() for t in ckpt["model"].values())
+    assert max(r["iter"] for r in read_log(out)) < step  # no poisoned row either
 
 
 def test_checkpoint_write_failure_keeps_the_previous_one(char_data, copy):

@@ -1,37 +1,43 @@
 """
-Synthetic recall tasks (mqar, variable tracking, passkey; see tasks.py), char-level, generated here.
-Writes train.bin, val.bin, meta.pkl next to this file (or to --out_dir).
+A synthetic recall dataset (see tasks.py): writes meta.pkl (the task spec) and val.npz (held-out rows).
+Training rows are not stored: train.py generates each batch from the spec and its (seed, iter, micro-step)
+stream, at the difficulty its curriculum has reached, so there is no file to outgrow and resume stays exact.
 
-python data/recall/prepare.py [--out_dir DIR] [--max_len 256] [--train_chars 3000000]
-
-Training text mixes the three tasks at lengths up to --max_len (use the training block_size);
-the eval set (ablate.py eval) comes from its own seed stream and is excluded from training.
+python data/recall/prepare.py [--task mqar] [--n_pairs 16 --n_keys 128 --gap 0 ...] [--n_val 512] [--out_dir DIR]
 """
-import argparse, os, sys
+import argparse, os, pickle, sys
+import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from data.common import write_split
 from data.recall import tasks
 
 
 def main():
-    parser = argparse.ArgumentParser(description="recall tasks, char-level -> train.bin/val.bin/meta.pkl")
+    parser = argparse.ArgumentParser(description="token-level recall rows -> meta.pkl + val.npz")
     parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
-    parser.add_argument("--max_len", type=int, default=256, help="longest example (the training block_size)")
-    parser.add_argument("--train_chars", type=int, default=3_000_000)
-    parser.add_argument("--val_chars", type=int, default=200_000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--task", default="mqar", choices=tasks.TASKS)
+    parser.add_argument("--n_val", type=int, default=512, help="held-out rows at full difficulty")
+    knobs = sorted({k for d in tasks.DEFAULTS.values() for k in d})
+    for k in knobs:
+        parser.add_argument(f"--{k}", type=int, help="default: " + ", ".join(f"{t} {d[k]}" for t, d in tasks.DEFAULTS.items() if k in d))
     args = parser.parse_args()
-    longest_min = max(tasks.MIN_LENGTH.values())
-    if args.max_len < longest_min or args.train_chars < 1 or args.val_chars < 1:
-        sys.exit(f"error: need --max_len >= {longest_min} (the longest task minimum) and positive --train_chars/--val_chars")
-    held_out = tasks.held_out_texts(args.max_len)
-    train = tasks.text_stream(args.train_chars, args.max_len, args.seed, "train", exclude=held_out)
-    val = tasks.text_stream(args.val_chars, args.max_len, args.seed, "val", exclude=held_out)
-    source = f"recall tasks {', '.join(tasks.TASKS)}; lengths up to {args.max_len}; seed {args.seed}"
-    meta = write_split(tasks.encode(train), tasks.encode(val), args.out_dir,
-                       dict(tasks.meta(), source=source, max_len=args.max_len))
-    print(f"{source}: vocab size {meta['vocab_size']} (char)")
-    print(f"train has {meta['train_tokens']:,} tokens, val has {meta['val_tokens']:,} tokens; wrote {args.out_dir}")
+    given = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
+    try:
+        spec = tasks.make_spec(args.task, **given)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    if args.n_val < 1:
+        sys.exit("error: --n_val must be >= 1")
+    x, y = tasks.eval_rows(spec, args.n_val)
+    os.makedirs(args.out_dir, exist_ok=True)
+    meta = tasks.meta(spec, args.n_val)
+    for name, write in (("val.npz", lambda f: np.savez(f, x=x.astype(np.int32), y=y.astype(np.int32))),
+                        ("meta.pkl", lambda f: pickle.dump(meta, f))):  # meta last: its presence means complete
+        tmp = os.path.join(args.out_dir, f".{name}.tmp{os.getpid()}")
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, os.path.join(args.out_dir, name))
+    print(f"{meta['source']}: vocab {meta['vocab_size']}, rows of {meta['row_length']} tokens, "
+          f"{args.n_val} held-out rows; wrote {args.out_dir}")
 
 
 if __name__ == "__main__":
