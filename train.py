@@ -186,7 +186,7 @@ if init_from == "resume":  # read the checkpoint first: a bad one fails before a
     need(not typed, "a resumed run keeps its checkpoint's model, but you set " + ", ".join(
         f"{k}={config[k]!r} (checkpoint: {getattr(model.cfg, k)!r})" for k in typed) + "; drop them or start a new --out_dir")
 
-# data: uint16 token bins + meta.pkl, prepared on first use
+# data: uint16 token bins (text) or a row spec + held-out rows (data/recall), and meta.pkl; prepared on first use
 data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
 if master and not os.path.exists(os.path.join(data_dir, "meta.pkl")):  # written last: its presence means complete
     prepare = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset, "prepare.py")
@@ -254,9 +254,9 @@ def logged_before(line, it):
 
 # model
 if ckpt is not None:
-    was, now = [(m.get("tokenizer"), m["vocab_size"], m.get("stoi")) for m in (ckpt["meta"], meta)]
+    was, now = [(m.get("tokenizer"), m["vocab_size"], m.get("stoi") or m.get("rows")) for m in (ckpt["meta"], meta)]
     need(was == now, f"vocab mismatch: the checkpoint was trained with the {was[0]} tokenizer ({was[1]} tokens) but {data_dir} "
-         f"has " + ("other characters" if was[:2] == now[:2] else f"the {now[0]} tokenizer ({now[1]} tokens)") + "; resume with the dataset it was trained on")
+         f"has " + (("other characters" if was[0] == "char" else "another recall task spec") if was[:2] == now[:2] else f"the {now[0]} tokenizer ({now[1]} tokens)") + "; resume with the dataset it was trained on")
     n_params = model.num_params()
 else:
     model_args = dict({k: config[k] for k in model_fields}, vocab_size=vocab_size)
