@@ -289,7 +289,9 @@ raw_model = model
 if compile:
     if master:
         print("compiling the model ...")
-    model = torch.compile(model)
+    # fullgraph: a graph break in the model is an error, not a silent slowdown. Under DDP, its optimizer splits
+    # the graph at gradient buckets on purpose, so fullgraph is off there.
+    model = torch.compile(model, fullgraph=not ddp)
 if ddp:
     model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
 
@@ -359,6 +361,14 @@ if master:
         wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 
 
+def compile_stats():
+    """With compile: graphs compiled so far (training and eval: 2; more at every eval means recompiles) and graph breaks."""
+    if not compile:
+        return {}
+    from torch._dynamo.utils import counters
+    return {"compiled_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
+
+
 def log(row):
     try:
         with open(log_path, "a") as f:
@@ -421,7 +431,7 @@ while True:
             row = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"], "time": elapsed,
                    "tokens": iter_num * tokens_per_iter, **{k: losses[k] for k in ("val_acc", "val_exact") if k in losses},
                    **({"difficulty": recall_tasks.level(row_spec, difficulty(iter_num))} if row_spec else {}),
-                   **raw_model.vha_health(health_batch)}
+                   **raw_model.vha_health(health_batch), **compile_stats()}
             log(row)
             say(f"step {iter_num}: train {losses['train']:.4f}, val {losses['val']:.4f}"
                 + (f", val acc {losses['val_acc']:.1%}" if row_spec else "") + f", {elapsed:.0f}s"

@@ -271,14 +271,15 @@ def prepare_text(paths, out_dir, tokenizer):
 
 
 # ---- document streams (fineweb_edu): each document + <|endoftext|>, written in chunks ----
-def doc_pieces(docs, enc, num_tokens, val_frac=0.01, batch_size=512):
+def doc_pieces(docs, enc, num_tokens, val_frac=0.01, batch_size=512, num_threads=None):
     """Tokenize a stream of documents (strings) into (split, ids) chunks for write_bins. Each document
     becomes its ids + <|endoftext|>, so the model sees where documents end. Documents go to train up to
     (1 - val_frac) * num_tokens tokens, then to val; it stops after the document that reaches num_tokens."""
     n_train, total, docs = int((1 - val_frac) * num_tokens), 0, iter(docs)
     while batch := list(itertools.islice(docs, batch_size)):
         chunk = {"train": [], "val": []}
-        for ids in enc.encode_ordinary_batch(batch):  # tiktoken tokenizes a batch on several threads
+        # tiktoken tokenizes a batch in parallel (Rust threads, the GIL released): one per core by default
+        for ids in enc.encode_ordinary_batch(batch, num_threads=num_threads or os.cpu_count() or 1):
             split = "train" if total < n_train else "val"
             chunk[split].extend(ids)
             chunk[split].append(enc.eot_token)

@@ -45,3 +45,29 @@ def test_ablations_cover_the_papers_set():
     names = {os.path.basename(p)[:-3] for p in ABLATIONS}
     assert {"gqa_4x_cache", "gqa_same_deploy", "gqa_half_q", "premix_only", "postmix_only", "silu_postmix"} <= names
     assert sum(n.startswith("rank") for n in names) >= 2
+
+
+FINEWEB = {n: os.path.join(ROOT, "config", "fineweb", f"{n}.py") for n in ("vha", "gqa_same_deploy", "gqa_4x_cache")}
+
+
+def test_fineweb_twins_differ_only_in_attention_and_state_their_budget():
+    settings = {n: load(p) for n, p in FINEWEB.items()}
+    attention = {"attn", "n_kv_head", "vha_postmix_rank", "out_dir"}
+    shared = [{k: v for k, v in s.items() if k not in attention} for s in settings.values()]
+    assert shared[0] == shared[1] == shared[2]
+    models = {n: model_of(s) for n, s in settings.items()}
+    assert {n: (m.cfg.n_attn_head, m.cfg.n_q_proj, m.cfg.n_kv_head) for n, m in models.items()} == {
+        "vha": (16, 8, 2), "gqa_same_deploy": (16, 16, 2), "gqa_4x_cache": (16, 16, 8)}
+    assert models["vha"].fold_to_gqa()[0].n_head == models["gqa_same_deploy"].cfg.n_head  # folds into its twin's shape
+    for n, path in FINEWEB.items():
+        text, s = open(path).read(), settings[n]
+        assert int(re.findall(r"([\d,]+) B/token in bf16", text)[0].replace(",", "")) == models[n].kv_bytes_per_token(torch.bfloat16)
+        tokens_per_iter = s["batch_size"] * s["block_size"] * s["gradient_accumulation_steps"]
+        assert f"= {tokens_per_iter:,} " in text and f"{s['max_iters']:,} iterations x {tokens_per_iter:,}" in text
+        with torch.device("meta"):
+            m = GPT(GPTConfig(**{k: v for k, v in s.items() if k in MODEL_KEYS}, vocab_size=50257))
+        assert f"{m.flops_per_token(1024, training=True) / 1e9:.3f} GFLOPs/token" in text
+        assert 100e6 < m.num_params() < 135e6 and s["dataset"] == "fineweb_edu" and s["compile"] and s["dtype"] == "bfloat16"
+    smoke = load(FINEWEB["vha"], os.path.join(ROOT, "config", "fineweb", "smoke.py"))
+    assert {k: smoke[k] for k in MODEL_KEYS if k in smoke} == {k: settings["vha"][k] for k in MODEL_KEYS if k in settings["vha"]}
+    assert smoke["max_iters"] < settings["vha"]["max_iters"] / 10 and smoke["out_dir"] != settings["vha"]["out_dir"]

@@ -192,6 +192,13 @@ def test_doc_pieces_eot_split_and_chunked_write(gpt2, tmp_path):
     assert meta2 == meta and meta["eot_token"] == 50256 and meta["vocab_size"] == 50257
 
 
+def test_doc_pieces_in_parallel_keep_the_document_order(gpt2):
+    docs = [f"document {i} says {'so ' * (i % 7)}" for i in range(50)]
+    serial = [(s, ids.tolist()) for s, ids in common.doc_pieces(iter(docs), gpt2, 200, batch_size=16, num_threads=1)]
+    parallel = [(s, ids.tolist()) for s, ids in common.doc_pieces(iter(docs), gpt2, 200, batch_size=16, num_threads=4)]
+    assert serial == parallel and sum(len(ids) for _, ids in serial) >= 200
+
+
 # -----------------------------------------------------------------------------
 # the generic prepare script, run the way a user runs it
 

@@ -3,9 +3,12 @@ FineWeb-Edu (HuggingFaceFW/fineweb-edu, "sample-10BT") with the GPT-2 BPE tokeni
 GPU runs. Needs network access to the Hugging Face hub and `pip install datasets`.
 Documents are streamed, so nothing is held in memory: each one becomes its tokens plus
 <|endoftext|>, the first ~99% of the tokens go to train.bin, the last documents to val.bin.
+Batches of documents are tokenized in parallel (--num_threads, default one per core); the bar shows
+tokens/s. Everything is written to temp files renamed into place at the end, so an interrupted run
+leaves no corrupt dataset behind: run it again and it starts over.
 
 python data/fineweb_edu/prepare.py [--num_tokens 100000000] [--out_dir DIR]
-(100M tokens is about 200 MB on disk)
+(100M tokens is about 200 MB on disk; config/fineweb/*.py want --num_tokens 2600000000, about 5.2 GB)
 """
 import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -15,7 +18,7 @@ from data.common import doc_pieces, gpt2_encoding, gpt2_meta, write_bins
 def with_progress(pieces, total):
     """Pass (split, ids) chunks through, showing tokens done on a progress bar."""
     from tqdm import tqdm
-    bar = tqdm(total=total, unit="tok", unit_scale=True)
+    bar = tqdm(total=total, unit="tok", unit_scale=True)  # shows tokens/s
     for split, ids in pieces:
         bar.update(len(ids))
         yield split, ids
@@ -27,9 +30,10 @@ def main():
     parser.add_argument("--num_tokens", type=int, default=100_000_000, help="total tokens to write (train + val)")
     parser.add_argument("--val_frac", type=float, default=0.01, help="share of tokens (whole docs) for val")
     parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--num_threads", type=int, default=0, help="tokenizer threads (0: one per core)")
     args = parser.parse_args()
-    if args.num_tokens <= 0 or not 0 < args.val_frac < 1:
-        raise SystemExit("error: --num_tokens must be > 0 and --val_frac between 0 and 1")
+    if args.num_tokens <= 0 or not 0 < args.val_frac < 1 or args.num_threads < 0:
+        raise SystemExit("error: --num_tokens must be > 0, --val_frac between 0 and 1, --num_threads >= 0")
     try:
         from datasets import load_dataset
     except ImportError:
@@ -40,7 +44,7 @@ def main():
         ds = load_dataset("HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)
         docs = (row["text"] for row in ds)
         meta = {**gpt2_meta(enc), "source": "HuggingFaceFW/fineweb-edu sample-10BT"}
-        pieces = with_progress(doc_pieces(docs, enc, args.num_tokens, args.val_frac), args.num_tokens)
+        pieces = with_progress(doc_pieces(docs, enc, args.num_tokens, args.val_frac, num_threads=args.num_threads or None), args.num_tokens)
         meta = write_bins(pieces, args.out_dir, meta)
     except OSError as e:
         raise SystemExit(f"error: streaming FineWeb-Edu failed ({type(e).__name__}: {e}); check the network "
