@@ -7,6 +7,7 @@ seed fixes the init and every batch, so variants are compared seed by seed (pair
     python ablate.py sweep --quick    # 4 variants x 2 points x 3 seeds, 600 steps: a pipeline check (~8 min)
     python ablate.py                  # LM grid: 9 variants x 3 seeds on shakespeare_char, val loss (~50 min here)
     python ablate.py --quick          # LM grid, 3 variants x 2 seeds, 200 steps: a pipeline check
+    python ablate.py --size=gpu       # one GPU: GQA-8, same-deploy GQA and VHA at 120M on FineWeb-Edu, 2 seeds (~9 h, H100)
     python ablate.py report           # rebuild the LM grid's tables and plot from its finished runs
     python ablate.py sweep-report     # the same for the sweep
 
@@ -37,7 +38,9 @@ DEFAULTS = dict(
     device="auto", seed=1337, jobs=1, threads=0,  # jobs: runs at once; threads: CPU threads per run (0: torch's default)
     # LM grid: runs/<variant>/seed<N>/ + results.json, results.csv, report.md, ablate.png
     out_root="out-ablate", variants="all", n_seeds=3,  # seeds seed, seed+1, ...: each gives every variant the same batches
-    lm_iters=500, batch_size=16, block_size=256, warmup_iters=50, eval_interval=125, eval_iters=20, log_interval=10,
+    lm_iters=500, batch_size=16, block_size=256, gradient_accumulation_steps=1, warmup_iters=50, eval_interval=125,
+    eval_iters=20, log_interval=10,
+    config_dir="",  # "": config/vha_small.py + config/ablations/<variant>.py; else <config_dir>/<variant>.py alone
     model_args="",  # extra train.py overrides for every variant, e.g. "--n_layer=2 --n_embd=32"
     lm_dataset="shakespeare_char", lm_data_dir="",  # lm_data_dir: any folder with train.bin/val.bin/meta.pkl
     dtype="",  # "": keep config/vha_small.py's (bfloat16)
@@ -62,6 +65,11 @@ SIZES = {  # presets; the same budget for every variant
                   points="n_keys=64,n_values=64;n_keys=128,n_values=128", sweep_iters=600, curriculum_iters=300,
                   jobs=2, threads=1),
     "full": {},
+    # one GPU: config/fineweb's 120M twins, 2.52B tokens each; at an assumed 40% MFU on one H100 about 1.4-1.5 h
+    # per run (the arithmetic is in config/fineweb/vha.py), so 3 variants x 2 seeds is about 9 h
+    "gpu": dict(out_root="out-ablate-gpu", variants="gqa_4x_cache,gqa_same_deploy,vha", config_dir="config/fineweb",
+                lm_dataset="fineweb_edu", n_seeds=2, lm_iters=4800, batch_size=32, block_size=1024, gradient_accumulation_steps=16,
+                warmup_iters=200, eval_interval=250, eval_iters=50, log_interval=10),
 }
 VARIANTS = ("gqa_4x_cache", "gqa_same_deploy", "gqa_half_q", "vha", "premix_only", "postmix_only",
             "silu_postmix", "rank4", "rank8")  # "vha" is config/vha_small.py alone; the rest add config/ablations/<name>.py
@@ -109,7 +117,7 @@ def parse_args(argv):
         else:
             rest.append(a)
     if size not in SIZES:
-        sys.exit(f"error: unknown size {size!r}: use smoke, quick or full")
+        sys.exit(f"error: unknown size {size!r}: use smoke, quick, full or gpu")
     sweep = command.startswith("sweep")
     try:  # the sweep's runs are tiny: two at a time on one thread each use 2 cores best
         cfg = configure({**DEFAULTS, **({"jobs": 2, "threads": 1} if sweep else {}), **SIZES[size]}, rest)
@@ -257,12 +265,20 @@ def fmt_paired(n, mean, se, t, resolved, scale=1.0, digits=4):
 # ---- the LM grid ----
 def lm_args(cfg, variant, seed, run_dir):
     """train.py's argv for one LM run: config files, then the same budget overrides for every variant."""
-    files = ["config/vha_small.py"] + ([] if variant == "vha" else [f"config/ablations/{variant}.py"])
+    if cfg["config_dir"]:
+        files = [os.path.join(cfg["config_dir"], f"{variant}.py")]
+    else:
+        files = ["config/vha_small.py"] + ([] if variant == "vha" else [f"config/ablations/{variant}.py"])
     data = [f"--dataset={cfg['lm_dataset']}"] + ([f"--data_dir={os.path.abspath(cfg['lm_data_dir'])}"] if cfg["lm_data_dir"] else [])
     return [*files, f"--out_dir={run_dir}", f"--seed={seed}", f"--max_iters={cfg['lm_iters']}", f"--lr_decay_iters={cfg['lm_iters']}",
             f"--warmup_iters={cfg['warmup_iters']}", f"--eval_interval={cfg['eval_interval']}", f"--eval_iters={cfg['eval_iters']}",
             f"--log_interval={cfg['log_interval']}", f"--batch_size={cfg['batch_size']}", f"--block_size={cfg['block_size']}",
-            f"--device={cfg['device']}", *([f"--dtype={cfg['dtype']}"] if cfg["dtype"] else []), *data, *cfg["model_args"].split()]
+            f"--gradient_accumulation_steps={cfg['gradient_accumulation_steps']}", f"--device={cfg['device']}",
+            *([f"--dtype={cfg['dtype']}"] if cfg["dtype"] else []), *data, *cfg["model_args"].split()]
+
+
+def tokens_per_run(cfg):
+    return cfg["lm_iters"] * cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
 
 
 def run_lm(cfg, job):
@@ -279,7 +295,7 @@ def run_lm(cfg, job):
     speed = [r["tok_per_s"] for r in rows if "tok_per_s" in r][1:] or [r["tok_per_s"] for r in rows if "tok_per_s" in r]
     model = model_from_checkpoint(load_checkpoint(os.path.join(run_dir, "ckpt.pt")))
     res = {"variant": variant, "seed": seed, "args": args, "iters": cfg["lm_iters"], "block_size": cfg["block_size"],
-           "tokens": cfg["lm_iters"] * cfg["batch_size"] * cfg["block_size"], "val_loss": evals[-1]["val_loss"],
+           "tokens": tokens_per_run(cfg), "val_loss": evals[-1]["val_loss"],
            "train_loss": evals[-1]["train_loss"], "curve": [[r["tokens"], r["val_loss"]] for r in evals],
            "params": model.num_params(), "flops_per_token": model.flops_per_token(cfg["block_size"], training=True),
            "kv_bytes_per_token": model.kv_bytes_per_token(torch.bfloat16),
@@ -292,7 +308,7 @@ def cmd_run(cfg):
     seeds = [cfg["seed"] + i for i in range(cfg["n_seeds"])]
     jobs = [(v, s) for s in seeds for v in cfg["variant_list"]]
     print(f"LM grid ({cfg['size']}): {len(cfg['variant_list'])} variants x {len(seeds)} seeds = {len(jobs)} runs of "
-          f"{cfg['lm_iters'] * cfg['batch_size'] * cfg['block_size']:,} tokens; results in {cfg['out_root']}")
+          f"{tokens_per_run(cfg):,} tokens; results in {cfg['out_root']}")
     if cfg["size"] != "full":
         print(f"note: --{cfg['size']} is a reduced grid, a check of the pipeline, not the reproduction")
     run_all(cfg, jobs, lambda job: run_lm(cfg, job), lambda job: f"{job[0]} seed {job[1]}")

@@ -2,7 +2,7 @@
 # 4 layers, width 128; 8 virtual query heads made from 4 physical q projections, 2 KV heads,
 # postmix rank 2. After `python fold.py` it is a plain 8Q/2KV GQA model.
 # KV cache: 4 layers x 2 (K and V) x 2 heads x 16 dims = 256 values = 512 B/token in bf16 (1 KB in fp32).
-# 2-core CPU: about 9 minutes (see README for the measured curve); one GPU: about a minute.
+# 2-core CPU: about 9 minutes (see README for the measured curve); one GPU: not measured yet.
 out_dir = "out-vha-small"
 dataset = "shakespeare_char"
 

@@ -160,3 +160,13 @@ def test_lm_report_verdicts_are_paired(tmp_path, monkeypatch):
     assert cells[3] == "agrees, resolved"
     assert row("vha vs gqa_4x_cache")[3].endswith("not resolved")
     assert "1 agree with the paper and are resolved" in report
+
+
+def test_gpu_preset_runs_the_fineweb_twins():
+    _, cfg = ablate.parse_args(["--size=gpu"])
+    assert cfg["variant_list"] == ["gqa_4x_cache", "gqa_same_deploy", "vha"]
+    for v in cfg["variant_list"]:
+        args = ablate.lm_args(cfg, v, 1337, "/tmp/x")
+        assert args[0] == f"config/fineweb/{v}.py" and os.path.exists(os.path.join(ablate.ROOT, args[0]))
+        assert "--dataset=fineweb_edu" in args and "--gradient_accumulation_steps=16" in args and "--block_size=1024" in args
+    assert ablate.tokens_per_run(cfg) == 4800 * 16 * 32 * 1024  # the budget config/fineweb/*.py state
