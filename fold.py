@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from configurator import ConfigError, configure
+from data.common import gpt2_encoding
 from model import GPT, load_checkpoint, model_from_checkpoint, save_checkpoint
 
 # -----------------------------------------------------------------------------
@@ -194,14 +195,47 @@ def hf_export_problem(cfg):
         return ("Qwen3 always applies QK-norm (q_norm/k_norm), but this model was trained with qk_norm=False: "
                 "its Qwen3 export would compute something else; export only works for qk_norm=True models")
     try:
-        import safetensors.torch  # noqa: F401  (optional: training never needs it)
+        import safetensors.torch  # noqa: F401  (optional: training never needs them)
+        import tokenizers  # noqa: F401
+        import transformers  # noqa: F401
     except ImportError:
-        return "--export_hf needs safetensors (and transformers to load the result): pip install transformers safetensors"
+        return "--export_hf needs safetensors, tokenizers and transformers: pip install transformers safetensors"
     return None
 
 
-def write_hf(model, folder):
-    """config.json + model.safetensors in float32, each written to a temp file and renamed."""
+def hf_tokenizer(meta):
+    """The dataset's tokenizer as a Hugging Face fast tokenizer, built offline from what meta.pkl pins, or
+    (None, why not). Char-level: one WordLevel token per character (a split on every character, decoded by
+    joining). GPT-2 BPE: the tiktoken ranks this repo tokenized with, converted to byte-level BPE merges."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    kind = (meta or {}).get("tokenizer", "char" if "stoi" in (meta or {}) else None)
+    if kind == "char":
+        tok = Tokenizer(models.WordLevel(vocab=dict(meta["stoi"]), unk_token=None))
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character alone
+        tok.decoder = decoders.Fuse()  # ids -> characters, joined with nothing between them
+        return PreTrainedTokenizerFast(tokenizer_object=tok), None
+    if kind == "gpt2":
+        import base64
+        import tempfile
+        from transformers.convert_slow_tokenizer import TikTokenConverter
+        enc = gpt2_encoding()
+        with tempfile.TemporaryDirectory() as tmp:  # the ranks in tiktoken's file format, read back by the converter
+            path = os.path.join(tmp, "gpt2.tiktoken")
+            with open(path, "w") as f:
+                f.writelines(f"{base64.b64encode(b).decode()} {r}\n" for b, r in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]))
+            tok = TikTokenConverter(vocab_file=path, pattern=enc._pat_str, extra_special_tokens=enc._special_tokens).converted()
+        eot = "<|endoftext|>"
+        return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=eot, eos_token=eot), None
+    if kind == "rows":
+        return None, "its dataset is synthetic recall rows (data/recall), not text: there is no text tokenizer to write"
+    return None, "the checkpoint carries no dataset meta (tokenizer), so no tokenizer files were written"
+
+
+def write_hf(model, folder, meta, source):
+    """A folder that loads wherever a Qwen3 checkpoint does: config.json, model.safetensors (float32),
+    generation_config.json, the tokenizer files and a model card. Each file goes to a temp file, then is renamed.
+    Returns the names written and a note (why no tokenizer), or None."""
     from safetensors.torch import save_file
     c = model.cfg
     tensors = {hf_name(n): p.detach().float().cpu().contiguous() for n, p in model.state_dict().items()
@@ -217,13 +251,53 @@ def write_hf(model, folder):
         "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
         "torch_dtype": "float32", "dtype": "float32",
     }
+    tokenizer, note = hf_tokenizer(meta)
+    eot = (meta or {}).get("eot_token")
+    generation = {"max_length": c.block_size, **({"bos_token_id": eot, "eos_token_id": eot} if eot is not None else {})}
+    kv = model.kv_bytes_per_token(torch.bfloat16)
+    card = (f"# {os.path.basename(os.path.abspath(folder))}\n\nA {c.n_layer}-layer Qwen3-style model "
+            f"({model.num_params():,} parameters) written by nanoVHA's fold.py from `{source['ckpt']}`"
+            f"{' (dataset: ' + meta['source'] + ')' if meta and meta.get('source') else ''}.\n\n"
+            + (f"It was trained as **Virtual Head Attention**: {source['n_q_proj']} physical query projections, a Q premix "
+               f"into {c.n_head} virtual heads and a linear postmix `I + V U^T` over heads. Both maps are linear and were "
+               f"folded exactly into `q_proj` and `o_proj` (in float64), so this is a plain GQA model.\n\n"
+               if source["vha"] else "It was trained as a plain GQA model (nothing to fold).\n\n")
+            + f"- attention: {c.n_head} query heads of dim {c.head_dim}, {c.n_kv_head} KV heads (GQA), QK-norm, RoPE theta {c.rope_theta:g}\n"
+            f"- KV cache: {kv:,} bytes per token in bf16 ({kv // c.n_layer:,} per layer)\n"
+            f"- context: trained at {c.block_size} tokens; vocab {c.vocab_size}"
+            f"{'; tokenizer: ' + meta['tokenizer'] if tokenizer is not None else '; no tokenizer (' + note + ')'}\n\n"
+            "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            f"model = AutoModelForCausalLM.from_pretrained({folder!r})\n"
+            + (f"tok = AutoTokenizer.from_pretrained({folder!r})\n"
+               "ids = tok(\"ROMEO:\", return_tensors=\"pt\").input_ids\n"
+               "print(tok.decode(model.generate(ids, max_new_tokens=100, do_sample=False)[0]))\n" if tokenizer is not None else "")
+            + "```\n")
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".tmp{os.getpid()}")
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    os.replace(tmp, os.path.join(folder, "model.safetensors"))
-    with open(tmp, "w") as f:
-        json.dump(config, f, indent=2)
-    os.replace(tmp, os.path.join(folder, "config.json"))
+
+    def put(name, write):
+        write(tmp)
+        os.replace(tmp, os.path.join(folder, name))
+
+    def text(obj):
+        def write(path):
+            with open(path, "w") as f:
+                f.write(obj if isinstance(obj, str) else json.dumps(obj, indent=2))
+        return write
+
+    put("model.safetensors", lambda path: save_file(tensors, path, metadata={"format": "pt"}))
+    put("config.json", text(config))
+    put("generation_config.json", text(generation))
+    put("README.md", text(card))
+    names = ["config.json", "model.safetensors", "generation_config.json", "README.md"]
+    if tokenizer is not None:
+        staging = tmp + "_tok"
+        tokenizer.save_pretrained(staging)
+        for name in sorted(os.listdir(staging)):
+            os.replace(os.path.join(staging, name), os.path.join(folder, name))
+            names.append(name)
+        os.rmdir(staging)
+    return names, note
 
 
 def main(argv):
@@ -320,11 +394,11 @@ def main(argv):
         print(f"saved {path}")
     if export_hf:
         try:
-            write_hf(deployed, export_hf)
+            names, note = write_hf(deployed, export_hf, ckpt.get("meta"), dict(ckpt=src, vha=c.attn == "vha", n_q_proj=c.n_q_proj))
         except OSError as e:
             sys.exit(f"error: cannot write the Hugging Face export to {export_hf} ({e.strerror or e})")
-        print(f"exported Qwen3ForCausalLM to {export_hf}/ (config.json, model.safetensors): "
-              f"transformers.AutoModelForCausalLM.from_pretrained({export_hf!r})")
+        print(f"exported Qwen3ForCausalLM to {export_hf}/ ({', '.join(names)}): "
+              f"transformers.AutoModelForCausalLM.from_pretrained({export_hf!r})" + (f"\nnote: {note}" if note else ""))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """fold.py: a VHA model folds EXACTLY into plain GQA; the CLI refuses what cannot fold and writes nothing;
 the folded (or plain GQA) model exports to Hugging Face Qwen3 with the same logits."""
 import copy
+import json
 import os
 from dataclasses import asdict
 
@@ -9,7 +10,8 @@ import torch
 
 import fold
 from conftest import TINY_MODEL, run
-from model import GPT, load_checkpoint, model_from_checkpoint, save_checkpoint
+from data.common import gpt2_encoding, gpt2_meta, load_tokenizer
+from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint, save_checkpoint
 from test_model import make
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny models: extra threads only fight over a shared CPU
@@ -251,7 +253,7 @@ def test_hf_export_gives_the_same_logits(name, tmp_path, monkeypatch, capsys):
     kw = dict(HF_MODELS[name], n_embd=64, head_dim=24, rope_theta=5000.0, norm_eps=1e-5)  # head_dim != n_embd / n_head
     ours, _ = save_tiny(str(tmp_path), **kw)
     fold.main([f"--out_dir={tmp_path}", f"--export_hf={tmp_path}/hf", "--gen_tokens=10"])
-    assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "hf")) == ["README.md", "config.json", "generation_config.json", "model.safetensors"]
     hf = transformers.Qwen3ForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
     assert (hf.config.num_attention_heads, hf.config.head_dim) == (ours.cfg.n_attn_head, 24)
     x = torch.randint(0, 37, (2, 40), generator=torch.Generator().manual_seed(0))
@@ -267,3 +269,62 @@ def test_hf_names_cover_every_weight():
     names = [fold.hf_name(n) for n in model.state_dict()]
     assert len(set(names)) == len(names) and "model.layers.1.self_attn.k_norm.weight" in names
     assert all(n.startswith(("model.layers.", "model.embed_tokens", "model.norm", "lm_head")) for n in names)
+
+
+# ---- the export works as a Hugging Face folder: tokenizer, generation, model card ----
+TEXT = "ROMEO:\nWhat light through yonder window breaks? It is the east,\n\nand Juliet is the sun.  "
+
+
+def export_with_meta(folder, meta, vocab_size, **kw):
+    """A tiny VHA checkpoint trained on nothing but carrying a dataset's meta, folded and exported."""
+    model = GPT(GPTConfig(vocab_size=vocab_size, block_size=64, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, attn="vha", **kw))
+    with torch.no_grad():  # off the identity, so the fold has work to do, and logits far from ties
+        for block in model.blocks:
+            block.attn.premix.add_(0.2 * torch.randn_like(block.attn.premix))
+            block.attn.postmix_V.normal_(0, 0.5)
+        model.embed.weight.normal_(0, 1.0)
+    os.makedirs(folder, exist_ok=True)
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.cfg), "iter_num": 1, "kind": "nanovha",
+                     "meta": meta}, os.path.join(folder, "ckpt.pt"))
+    fold.main([f"--out_dir={folder}", f"--export_hf={folder}/hf", "--gen_tokens=5"])
+    return os.path.join(folder, "hf")
+
+
+@pytest.mark.parametrize("kind", ["char", "gpt2"])
+def test_hf_folder_tokenizes_and_generates_like_sample_py(kind, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    if kind == "char":
+        chars = sorted(set(TEXT))
+        meta = {"tokenizer": "char", "vocab_size": len(chars), "stoi": {c: i for i, c in enumerate(chars)},
+                "itos": {i: c for i, c in enumerate(chars)}, "source": "test text"}
+    else:
+        meta = {**gpt2_meta(gpt2_encoding()), "source": "test text"}
+    torch.manual_seed(0)
+    hf_dir = export_with_meta(str(tmp_path), meta, meta["vocab_size"])
+    files = set(os.listdir(hf_dir))
+    assert {"tokenizer.json", "tokenizer_config.json", "generation_config.json", "README.md", "config.json"} <= files
+    tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    encode, decode = load_tokenizer(meta)
+    for text in (TEXT, TEXT[5:40], "  Juliet is\n\nthe sun?  "):
+        ids = encode(text)
+        assert tok.encode(text, add_special_tokens=False) == ids and tok.decode(ids) == text == decode(ids)
+    card = open(os.path.join(hf_dir, "README.md")).read()
+    assert "folded exactly" in card and f"{2 * 2 * 2 * 8 * 2:,} bytes per token in bf16" in card
+    # greedy: transformers on the export == sample.py on the (unfolded VHA) checkpoint
+    prompt, n = "ROMEO:", 24
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = hf.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)[0].tolist()
+    ours = run("sample.py", f"--out_dir={tmp_path}", f"--start={prompt}", "--temperature=0", f"--max_new_tokens={n}",
+               "--num_samples=1").stdout.split("\n---------------")[0]
+    assert len(out) == len(ids[0]) + n and tok.decode(out) == ours
+    gen = json.load(open(os.path.join(hf_dir, "generation_config.json")))
+    assert gen.get("eos_token_id") == meta.get("eot_token") and gen["max_length"] == 64
+
+
+def test_hf_export_of_a_recall_model_says_why_there_is_no_tokenizer(tmp_path, capsys):
+    hf_dir = export_with_meta(str(tmp_path), {"tokenizer": "rows", "vocab_size": 40, "rows": {"task": "mqar"}}, 40)
+    assert "tokenizer.json" not in os.listdir(hf_dir)
+    assert "no text tokenizer" in capsys.readouterr().out and "no tokenizer (" in open(os.path.join(hf_dir, "README.md")).read()
