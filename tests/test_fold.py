@@ -320,6 +320,8 @@ def test_hf_folder_tokenizes_and_generates_like_sample_py(kind, tmp_path, monkey
     ours = run("sample.py", f"--out_dir={tmp_path}", f"--start={prompt}", "--temperature=0", f"--max_new_tokens={n}",
                "--num_samples=1").stdout.split("\n---------------")[0]
     assert len(out) == len(ids[0]) + n and tok.decode(out) == ours
+    piped = transformers.pipeline("text-generation", model=hf_dir)(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    assert piped[0]["generated_text"] == ours  # the pipeline finds the model, the tokenizer and the generation config
     gen = json.load(open(os.path.join(hf_dir, "generation_config.json")))
     assert gen.get("eos_token_id") == meta.get("eot_token") and gen["max_length"] == 64
 
