@@ -4,7 +4,7 @@ seed fixes the init and every batch, so variants are compared seed by seed (pair
 
     python ablate.py sweep            # recall KV-budget sweep: 8 variants x 2 points x 10 seeds of token-level MQAR
                                       #   (160 runs of ~70 s, 2 at a time: about 1 h 35 min on the 2-core CPU)
-    python ablate.py sweep --quick    # 4 variants x 2 points x 3 seeds, 600 steps: a pipeline check (~8 min)
+    python ablate.py sweep --quick    # 4 variants x 2 points x 2 seeds, 600 steps: a pipeline check (~6 min)
     python ablate.py                  # LM grid: 9 variants x 3 seeds on shakespeare_char, val loss (~50 min here)
     python ablate.py --quick          # LM grid, 3 variants x 2 seeds, 200 steps: a pipeline check
     python ablate.py --size=gpu       # one GPU: GQA-8, same-deploy GQA and VHA at 120M on FineWeb-Edu, 2 seeds (~9 h, H100)
@@ -61,7 +61,7 @@ SIZES = {  # presets; the same budget for every variant
                   n_val=16, sweep_model_args="--n_layer=1 --n_embd=16 --warmup_iters=1"),
     "quick": dict(out_root="out-ablate-quick", variants="gqa_4x_cache,gqa_same_deploy,vha", n_seeds=2, lm_iters=200,
                   block_size=128, warmup_iters=20, eval_interval=50, eval_iters=10,
-                  sweep_root="out-sweep-quick", sweep_variants="mha,gqa2,mqa,vha", sweep_seeds=3,
+                  sweep_root="out-sweep-quick", sweep_variants="mha,gqa2,mqa,vha", sweep_seeds=2,
                   points="n_keys=64,n_values=64;n_keys=128,n_values=128", sweep_iters=600, curriculum_iters=300,
                   jobs=2, threads=1),
     "full": {},
