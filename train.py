@@ -188,7 +188,8 @@ if init_from == "resume":  # read the checkpoint first: a bad one fails before a
 
 # data: uint16 token bins (text) or a row spec + held-out rows (data/recall), and meta.pkl; prepared on first use
 data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
-if master and not os.path.exists(os.path.join(data_dir, "meta.pkl")):  # written last: its presence means complete
+if master and not any(os.path.exists(os.path.join(data_dir, n)) for n in ("meta.pkl", "train.bin")):  # not prepared yet;
+    # a folder with only one of them is damaged: it is reported below, never prepared over
     prepare = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset, "prepare.py")
     need(os.path.exists(prepare), f"no data in {data_dir} and no data/{dataset}/prepare.py to make it; prepare "
          f"it yourself (e.g. python data/text/prepare.py --input FILE --out_dir {data_dir})")
