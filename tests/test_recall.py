@@ -155,3 +155,13 @@ def test_row_training_logs_accuracy_follows_the_curriculum_and_resumes_exactly(t
     assert strip(log_rows(tmp_path / "b")) == strip(log_rows(tmp_path / "a"))
     short = run(*common, f"--out_dir={tmp_path / 'c'}", "--block_size=8", check=False)
     assert short.returncode != 0 and "raise --block_size" in short.stderr
+
+
+def test_a_row_dataset_without_its_held_out_rows_is_reported(tmp_path):
+    data = tmp_path / "data"
+    prepare(data, "--n_pairs", 4, "--n_keys", 8)
+    (data / "val.npz").unlink()
+    meta = (data / "meta.pkl").read_bytes()
+    proc = run("train.py", *ROWS, f"--data_dir={data}", f"--out_dir={tmp_path / 'o'}", "--max_iters=2", check=False)
+    assert proc.returncode != 0 and proc.stderr.strip().startswith("error: the dataset in") and "incomplete or corrupt" in proc.stderr
+    assert (data / "meta.pkl").read_bytes() == meta and not (data / "val.npz").exists()  # nothing prepared over it
