@@ -212,7 +212,7 @@ def run_all(cfg, jobs, one, label):
     """Runs one(job) for every job, cfg['jobs'] at a time, printing label(job), its status and the time left."""
     t0, done = time.time(), [0, 0]  # finished, of which trained now (for the time estimate)
 
-    def go(i, job):
+    def go(job):
         status = one(job)
         done[0] += 1
         done[1] += "done before" not in status
@@ -221,7 +221,7 @@ def run_all(cfg, jobs, one, label):
               + (f" (about {left / 60:.0f} min left)" if done[1] and done[0] < len(jobs) else ""), flush=True)
 
     with ThreadPoolExecutor(cfg["jobs"]) as pool:
-        for f in [pool.submit(go, i, job) for i, job in enumerate(jobs)]:
+        for f in [pool.submit(go, job) for job in jobs]:
             f.result()  # re-raises a failed run's SystemExit here
 
 
