@@ -23,7 +23,9 @@ from contextlib import nullcontext
 import torch
 
 from configurator import ConfigError, configure, resolve_device
-from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, grouped_decode_attention, load_checkpoint, model_from_checkpoint
 
 # -----------------------------------------------------------------------------
 mode = "decode"  # decode, train or costs
@@ -44,7 +46,7 @@ prefill_repeats = 3
 decode_impl = "auto"  # one-token attention: grouped, sdpa, or auto (grouped on CPU, sdpa on CUDA)
 ckpt = ""  # a nanoVHA checkpoint to benchmark as variant "ckpt"; the other variants take its shape
 copy_mib = 1024  # size of the tensor copy that measures the peak bandwidth
-weight_layout = "out_in"  # Linear weights in memory: out_in (PyTorch's) or in_out (same values, transposed storage)
+weight_layout = "in_out"  # Linear weights in memory: in_out (GPT.use_decode_layout) or out_in (PyTorch's default)
 plot = ""  # PNG path: tokens/s and KV memory vs context
 # train
 block_size = 256  # tokens per sequence
@@ -199,9 +201,8 @@ def decode_models():
         models[name] = model
     for model in models.values():
         model.to(device, ptdtype).eval()
-        for m in model.modules():  # in_out: F.linear then multiplies by a contiguous W^T (a one-token CPU GEMV
-            if weight_layout == "in_out" and isinstance(m, torch.nn.Linear):  # read it ~15% faster in a noisy test)
-                m.weight.data = m.weight.data.t().contiguous().t()  # same values and shape, transposed storage
+        if weight_layout == "in_out":
+            model.use_decode_layout()  # same values and shape, transposed storage
     return models, fold_diffs
 
 
@@ -211,6 +212,27 @@ def copy_bandwidth():
     dst = torch.empty_like(src)
     seconds = statistics.median([timed(lambda: dst.copy_(src)) for _ in range(6)][1:])  # the first is a warm-up
     return 2 * copy_mib * 2**20 / seconds
+
+
+def matmul_peak():
+    """FLOP/s of a 1024^3 matmul in the run's dtype: the compute ceiling this run can reach."""
+    a = torch.randn(1024, 1024, device=device, dtype=ptdtype)
+    return 2 * 1024**3 / statistics.median([timed(lambda: a @ a) for _ in range(6)][1:])
+
+
+def time_attention(models, ctx):
+    """Median s/token of the one-token attention alone (every layer, no projections), over ctx random K/V per
+    layer: the part of a decode step that grows with the cache, without the weights it evicts."""
+    fns = {}
+    for name, model in models.items():
+        c = model.cfg
+        kv = [torch.randn(2, batch_size, c.n_kv_head, ctx, c.head_dim, device=device, dtype=ptdtype) for _ in range(c.n_layer)]
+        q = torch.randn(batch_size, c.n_head, 1, c.head_dim, device=device, dtype=ptdtype)
+        if decode_impl == "grouped":
+            fns[name] = lambda kv=kv, q=q: [grouped_decode_attention(q, k, v) for k, v in kv]
+        else:
+            fns[name] = lambda kv=kv, q=q: [F.scaled_dot_product_attention(q, k, v, enable_gqa=True) for k, v in kv]
+    return interleaved(fns, decode_steps)
 
 
 def weight_bytes(model):
@@ -310,19 +332,25 @@ def run_decode():
     floor_ms = {n: s * 1e3 for n, s in time_decode(floor_models, 1, compiled_steps(floor_models))[0].items()}
     top = 16384 if 16384 in ctxs else max(ctxs)
     at = {(r["variant"], r["ctx"]): r for r in rows}
-    breakdown = {}
+    attn_s, flops_peak, breakdown = time_attention(models, top), matmul_peak(), {}
     for name, model in models.items():
-        r, weights_ms = at[(name, top)], weight_bytes(model) / bw * 1e3
+        r, weights_ms, c = at[(name, top)], weight_bytes(model) / bw * 1e3, model.cfg
         kv_ms, kv_bytes = r["decode_ms"] - floor_ms[name], r["mb_per_step"] * 1e6 - weight_bytes(model)
+        attn_flops = 4 * c.n_layer * c.n_head * c.head_dim * top * batch_size  # QK^T and PV: 2 FLOPs per MAC each
         breakdown[name] = dict(variant=name, ms_ctx1=floor_ms[name], weights_ms=weights_ms, overhead_ms=floor_ms[name] - weights_ms,
                                ms_top=r["decode_ms"], kv_ms=kv_ms, kv_gb_s=kv_bytes / kv_ms / 1e6 if kv_ms > 0 else None,
-                               roofline_ms=r["mb_per_step"] / bw * 1e9)
+                               attn_ms=attn_s[name] * 1e3, attn_gb_s=kv_bytes / attn_s[name] / 1e9, attn_gflop_s=attn_flops / attn_s[name] / 1e9,
+                               attn_roof_ms=max(kv_bytes / bw, attn_flops / flops_peak) * 1e3, roofline_ms=r["mb_per_step"] / bw * 1e9)
     print(f"\nbreakdown at context {top}: ms/token at context 1 = weights + per-op overhead; the rest grows with the cache")
     print_table(breakdown.values(), [("variant", "variant", "{}"), ("ms @ctx 1", "ms_ctx1", "{:.2f}"),
                                      ("weights at peak BW", "weights_ms", "{:.2f}"), ("ctx 1 - weights", "overhead_ms", "{:.2f}"),
                                      (f"ms @ctx {top}", "ms_top", "{:.2f}"), ("KV part ms", "kv_ms", "{:.2f}"),
                                      ("KV part GB/s", "kv_gb_s", "{:.1f}"), ("roofline ms", "roofline_ms", "{:.2f}")])
     print(f"pure per-op overhead (same layers and ops at head dim 2, no bandwidth to speak of): {floor_ms['op_floor']:.2f} ms/token")
+    print(f"\nthe attention alone at context {top} (every layer, random K/V, no projections); matmul peak {flops_peak / 1e9:.1f} GFLOP/s "
+          f"(1024^3, {dtype}); its roof = max(K/V bytes at peak bandwidth, FLOPs at the matmul peak)")
+    print_table(breakdown.values(), [("variant", "variant", "{}"), ("attention ms", "attn_ms", "{:.2f}"), ("K/V GB/s", "attn_gb_s", "{:.1f}"),
+                                     ("GFLOP/s", "attn_gflop_s", "{:.1f}"), ("roof ms", "attn_roof_ms", "{:.2f}")])
 
     targets = {}
     if "vha_folded" in models:
@@ -346,7 +374,7 @@ def run_decode():
     return dict(mode="decode", device=device, dtype=dtype, threads=torch.get_num_threads(), batch_size=batch_size,
                 decode_impl=decode_impl, compile=compile, weight_layout=weight_layout, kv_fill="random K/V written into the cache", copy_gb_s=bw / 1e9,
                 model={k: getattr(c, k) for k in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size")},
-                fold_max_logit_diff=fold_diffs, op_floor_ms=floor_ms["op_floor"], results=rows,
+                fold_max_logit_diff=fold_diffs, op_floor_ms=floor_ms["op_floor"], matmul_gflop_s=flops_peak / 1e9, results=rows,
                 breakdown=list(breakdown.values()), targets=targets)
 
 

@@ -23,7 +23,7 @@ import torch
 
 from configurator import ConfigError, configure
 from data.common import gpt2_encoding
-from model import GPT, load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import GPT, load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
 
 # -----------------------------------------------------------------------------
 out_dir = "out"
@@ -238,7 +238,8 @@ def write_hf(model, folder, meta, source):
     Returns the names written and a note (why no tokenizer), or None."""
     from safetensors.torch import save_file
     c = model.cfg
-    tensors = {hf_name(n): p.detach().float().cpu().contiguous() for n, p in model.state_dict().items()
+    state = split_projections(model.state_dict(), c)  # Qwen3 names q/k/v and gate/up separately
+    tensors = {hf_name(n): p.detach().float().cpu().contiguous() for n, p in state.items()
                if not (c.tie_embeddings and n == "lm_head.weight")}  # tied: HF re-ties lm_head to embed_tokens
     config = {
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",

@@ -132,9 +132,10 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         d, D = cfg.head_dim, cfg.n_embd
-        self.q_proj = nn.Linear(D, cfg.n_q_proj * d, bias=False)  # physical query projections
-        self.k_proj = nn.Linear(D, cfg.n_kv_head * d, bias=False)
-        self.v_proj = nn.Linear(D, cfg.n_kv_head * d, bias=False)
+        # q, k and v in one projection (nanoGPT's c_attn, gpt-fast's wqkv): one matrix-vector product per decoded
+        # token instead of three. Rows: [W_q (H_p*d, the physical query heads); W_k (H_kv*d); W_v (H_kv*d)]
+        self.qkv_split = [cfg.n_q_proj * d, cfg.n_kv_head * d, cfg.n_kv_head * d]
+        self.qkv_proj = nn.Linear(D, sum(self.qkv_split), bias=False)
         self.o_proj = nn.Linear(cfg.n_attn_head * d, D, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.norm_eps)  # one weight shared by all heads (Qwen3)
@@ -199,9 +200,10 @@ class Attention(nn.Module):
         cfg = self.cfg
         B, T, _ = x.shape
         d = cfg.head_dim
-        q = self.q_proj(x).view(B, T, cfg.n_q_proj, d)  # (B, T, H_p, d)
-        k = self.k_proj(x).view(B, T, cfg.n_kv_head, d)  # (B, T, H_kv, d)
-        v = self.v_proj(x).view(B, T, cfg.n_kv_head, d)
+        q, k, v = self.qkv_proj(x).split(self.qkv_split, dim=-1)  # x [W_q; W_k; W_v]^T, split by columns
+        q = q.view(B, T, cfg.n_q_proj, d)  # (B, T, H_p, d)
+        k = k.view(B, T, cfg.n_kv_head, d)  # (B, T, H_kv, d)
+        v = v.view(B, T, cfg.n_kv_head, d)
         if cfg.has_premix:
             q = self.apply_premix(q)  # (B, T, H_v, d)
         if cfg.qk_norm:  # after premix, so premix stays a plain linear map on q
@@ -232,16 +234,16 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(x W_gate^T) * (x W_up^T)), with gate and up in one projection (rows [W_gate; W_up])."""
 
     def __init__(self, cfg):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=False)
-        self.up_proj = nn.Linear(cfg.n_embd, cfg.mlp_hidden, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.n_embd, 2 * cfg.mlp_hidden, bias=False)
         self.down_proj = nn.Linear(cfg.mlp_hidden, cfg.n_embd, bias=False)
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (B, T, hidden) each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -410,6 +412,17 @@ class GPT(nn.Module):
                 logits = self.decode_one_token(out[:, pos:pos + 1], pos)
         return out
 
+    @torch.no_grad()
+    def use_decode_layout(self):
+        """Stores every Linear weight W (out, in) as a transposed-contiguous view: the same values, shape and
+        state_dict, only the memory order changes to (in, out). At batch 1 each weight is read once per token
+        by a matrix-vector product, and on CPU x @ W^T streams W from memory about 2x faster in this order
+        (bench_decode.py --weight_layout=out_in shows the difference). Returns self."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                m.weight.data = m.weight.data.t().contiguous().t()
+        return self
+
     # ---- cost accounting ----
     def flops_per_token(self, T, training=False):
         """Convention: forward = 2 x MACs of every matmul (lm_head, premix, postmix included)
@@ -469,9 +482,10 @@ class GPT(nn.Module):
         sd = {k: v for k, v in self.state_dict().items() if "premix" not in k and "postmix" not in k}
         for i, block in enumerate(self.blocks):
             a = block.attn
-            if c.has_premix:
-                W_q = fold_premix(a.q_proj.weight.double(), a.premix.double())
-                sd[f"blocks.{i}.attn.q_proj.weight"] = W_q.to(a.q_proj.weight.dtype)
+            if c.has_premix:  # the fold acts on the q rows of the fused projection; k and v rows stay
+                W = a.qkv_proj.weight
+                W_q, W_k, W_v = W.double().split(a.qkv_split)
+                sd[f"blocks.{i}.attn.qkv_proj.weight"] = torch.cat([fold_premix(W_q, a.premix.double()), W_k, W_v]).to(W.dtype)
             if c.has_postmix:
                 W_o = fold_postmix(a.o_proj.weight.double(), a.postmix_matrix().double())
                 sd[f"blocks.{i}.attn.o_proj.weight"] = W_o.to(a.o_proj.weight.dtype)
@@ -523,13 +537,45 @@ def load_checkpoint(path, device="cpu"):
     return ckpt
 
 
+# checkpoints written before the fused projections name each projection; their rows stack into the fused ones
+UNFUSED_PROJECTIONS = {"attn.qkv_proj.weight": ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight"),
+                       "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+
+
+def fuse_projections(state):
+    """A state dict with separate q/k/v and gate/up projections -> the same weights under the fused names
+    (rows concatenated in the fused order), so old checkpoints load exactly. Other entries pass through."""
+    state = dict(state)
+    for key in [k for k in state if k.endswith(UNFUSED_PROJECTIONS["attn.qkv_proj.weight"][0])]:
+        layer = key[: -len(UNFUSED_PROJECTIONS["attn.qkv_proj.weight"][0])]  # 'blocks.3.'
+        for fused, parts in UNFUSED_PROJECTIONS.items():
+            if all(layer + p in state for p in parts):
+                state[layer + fused] = torch.cat([state.pop(layer + p) for p in parts])
+    return state
+
+
+def split_projections(state, cfg):
+    """The inverse of fuse_projections: fused q/k/v and gate/up rows back under the separate names (the
+    layout Hugging Face's Qwen3 uses)."""
+    state, d = dict(state), cfg.head_dim
+    rows = {"attn.qkv_proj.weight": [cfg.n_q_proj * d, cfg.n_kv_head * d, cfg.n_kv_head * d],
+            "mlp.gate_up_proj.weight": [cfg.mlp_hidden, cfg.mlp_hidden]}
+    for key in [k for k in state if k.endswith(tuple(rows))]:
+        fused = next(f for f in rows if key.endswith(f))
+        layer = key[: -len(fused)]
+        for name, part in zip(UNFUSED_PROJECTIONS[fused], state.pop(key).split(rows[fused])):
+            state[layer + name] = part
+    return state
+
+
 def model_from_checkpoint(ckpt, device="cpu"):
-    """Builds the GPT of a checkpoint dict; strips torch.compile's '_orig_mod.' prefix."""
+    """Builds the GPT of a checkpoint dict; strips torch.compile's '_orig_mod.' prefix and fuses the
+    projections of checkpoints written before q/k/v and gate/up were fused."""
     known = {f.name for f in fields(GPTConfig)}
     prefix = "_orig_mod."
     try:
         model = GPT(GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in known}))
-        model.load_state_dict({k[len(prefix):] if k.startswith(prefix) else k: v for k, v in ckpt["model"].items()})
+        model.load_state_dict(fuse_projections({k[len(prefix):] if k.startswith(prefix) else k: v for k, v in ckpt["model"].items()}))
     except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as e:
         reason = str(e).strip().split("\n")[0][:200]
         raise ValueError(f"the checkpoint holds no loadable model ({type(e).__name__}: {reason}); "

@@ -48,6 +48,8 @@ if "meta" not in ckpt:
     sys.exit(f"error: {path} carries no tokenizer (meta); it was not written by train.py or fold.py")
 try:
     model = model_from_checkpoint(ckpt, device).to(getattr(torch, dtype)).eval()
+    if device == "cpu":  # faster one-token matrix-vector products on CPU (measured in bench_decode.py)
+        model.use_decode_layout()
     encode, decode = load_tokenizer(ckpt["meta"])
 except ValueError as e:
     sys.exit(f"error: {path}: {e}")

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, grouped_decode_attention, plain_attention
+from model import GPT, GPTConfig, fuse_projections, grouped_decode_attention, plain_attention, split_projections
 
 VARIANTS = {
     "mha": dict(attn="gqa", n_head=8, n_kv_head=8),
@@ -47,8 +47,7 @@ def test_shapes_and_head_counts(name):
     logits, loss = model(x, x)
     assert logits.shape == (3, 11, 37) and loss.ndim == 0 and torch.isfinite(loss)
     attn = model.blocks[0].attn
-    assert attn.q_proj.weight.shape == (cfg.n_q_proj * cfg.head_dim, 64)
-    assert attn.k_proj.weight.shape == (cfg.n_kv_head * cfg.head_dim, 64)
+    assert attn.qkv_proj.weight.shape == ((cfg.n_q_proj + 2 * cfg.n_kv_head) * cfg.head_dim, 64)  # [W_q; W_k; W_v]
     assert attn.o_proj.weight.shape == (64, cfg.n_attn_head * cfg.head_dim)
     if cfg.attn == "vha":  # VHA: H_p = H_v / H_kv physical projections
         assert cfg.n_q_proj == cfg.n_head // cfg.n_kv_head
@@ -96,9 +95,10 @@ def reference_vha_attention(attn, x, cos, sin):
     cfg = attn.cfg
     B, T, D = x.shape
     d, H_p, H_kv, H = cfg.head_dim, cfg.n_q_proj, cfg.n_kv_head, cfg.n_attn_head
-    Wq = attn.q_proj.weight.view(H_p, d, D)
-    Wk = attn.k_proj.weight.view(H_kv, d, D)
-    Wv = attn.v_proj.weight.view(H_kv, d, D)
+    W = attn.qkv_proj.weight  # rows [W_q; W_k; W_v]
+    Wq = W[: H_p * d].view(H_p, d, D)
+    Wk = W[H_p * d: (H_p + H_kv) * d].view(H_kv, d, D)
+    Wv = W[(H_p + H_kv) * d:].view(H_kv, d, D)
 
     def rms(t, w):
         return w * t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + cfg.norm_eps)
@@ -213,3 +213,34 @@ def test_vha_health_signals():
     assert scrambled["postmix_sigma_max"] > 0.1 and 0 < scrambled["postmix_offdiag_share"] < 1
     assert scrambled["postmix_rel_delta"] > 0.01
     assert make(**VARIANTS["gqa"]).vha_health() == {}
+
+
+@pytest.mark.parametrize("name", ["gqa", "vha"])
+def test_fused_projections_equal_separate_ones_float64(name):
+    """x [W_q; W_k; W_v]^T split by columns == x W_q^T, x W_k^T, x W_v^T (and gate/up alike); split and fuse
+    are inverses, so a checkpoint with separate projections loads into exactly the same model."""
+    model = make(attn=name, n_head=8, n_kv_head=2)
+    cfg, state = model.cfg, model.state_dict()
+    parts = split_projections(state, cfg)
+    assert not any("qkv_proj" in k or "gate_up_proj" in k for k in parts)
+    assert {k: v.tolist() for k, v in fuse_projections(parts).items()} == {k: v.tolist() for k, v in state.items()}
+    x = torch.randn(2, 5, cfg.n_embd, dtype=torch.float64)
+    a, mlp = model.blocks[1].attn, model.blocks[1].mlp
+    q, k, v = a.qkv_proj(x).split(a.qkv_split, dim=-1)
+    for got, key in ((q, "q_proj"), (k, "k_proj"), (v, "v_proj")):
+        assert torch.allclose(got, x @ parts[f"blocks.1.attn.{key}.weight"].t(), rtol=0, atol=1e-14)
+    ref = (F.silu(x @ parts["blocks.1.mlp.gate_proj.weight"].t()) * (x @ parts["blocks.1.mlp.up_proj.weight"].t())) @ mlp.down_proj.weight.t()
+    assert torch.allclose(mlp(x), ref, rtol=0, atol=1e-14)
+
+
+def test_decode_layout_changes_memory_order_only():
+    model = make(attn="gqa", n_head=8, n_kv_head=2)
+    x = torch.randint(0, 37, (2, 9))
+    before, state = model.generate(x, 6, temperature=0), {k: v.clone() for k, v in model.state_dict().items()}
+    logits = model(x)[0]
+    model.use_decode_layout()
+    w = model.blocks[0].attn.qkv_proj.weight
+    assert w.shape == state["blocks.0.attn.qkv_proj.weight"].shape and w.t().is_contiguous() and not w.is_contiguous()
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert torch.allclose(model(x)[0], logits, rtol=0, atol=1e-12)
+    assert torch.equal(model.generate(x, 6, temperature=0), before)

@@ -314,6 +314,29 @@ def test_sample_from_a_bad_checkpoint(copy, case):
     fails(run("sample.py", f"--out_dir={copy}", "--max_new_tokens=5"), *needles)
 
 
+def unfused(path):
+    """Rewrites ckpt.pt as a checkpoint from before the fused projections: separate q/k/v and gate/up weights."""
+    from model import GPTConfig, fields, split_projections
+    ckpt = torch.load(path, weights_only=False)
+    cfg = GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in {f.name for f in fields(GPTConfig)}})
+    ckpt["model"] = split_projections(ckpt["model"], cfg)
+    torch.save(ckpt, path)
+
+
+def test_a_checkpoint_from_before_the_fused_projections_samples_the_same_and_refuses_to_resume(char_data, copy):
+    sample = ("sample.py", f"--out_dir={copy}", "--max_new_tokens=30", "--temperature=0", "--start=ROMEO:")
+    def text(proc):  # the generated text, not the timing line
+        return [line for line in ok(proc).stdout.splitlines() if "tok/s" not in line]
+    fused_text = text(run(*sample))
+    unfused(os.path.join(copy, "ckpt.pt"))
+    assert "q_proj" in "".join(torch.load(os.path.join(copy, "ckpt.pt"), weights_only=False)["model"])
+    assert text(run(*sample)) == fused_text  # converted on load: the same weights, the same tokens
+    before = snapshot(copy)
+    fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume")),
+          "written before q/k/v and gate/up were fused", "start a new run")
+    assert snapshot(copy) == before
+
+
 def test_resume_from_a_model_only_checkpoint(char_data, copy):
     model_only(os.path.join(copy, "ckpt.pt"))
     fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume")),
