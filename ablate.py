@@ -30,7 +30,8 @@ import torch
 
 from configurator import ConfigError, configure, resolve_device
 from data.recall import tasks
-from model import GPT, load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
+from model import GPT
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 # -----------------------------------------------------------------------------
@@ -72,31 +73,36 @@ SIZES = {  # presets; the same budget for every variant
                 warmup_iters=200, eval_interval=250, eval_iters=50, log_interval=10),
 }
 VARIANTS = ("gqa_4x_cache", "gqa_same_deploy", "gqa_half_q", "vha", "premix_only", "postmix_only",
-            "silu_postmix", "rank4", "rank8")  # "vha" is config/vha_small.py alone; the rest add config/ablations/<name>.py
+            "silu_postmix", "rank4", "rank8", "mla", "mfa")  # "vha" is config/vha_small.py alone; the rest add config/ablations/<name>.py
 # The paper's table (VHA.md: 1.7B, 50B tokens, 8-task zero-shot average). Our rank 4/8 stand in for its 32/128.
 PAPER = {"gqa_4x_cache": ("GQA 16Q/8KV (4x cache)", 54.09), "gqa_same_deploy": ("GQA 16Q/2KV (same deploy)", 53.09),
          "gqa_half_q": ("GQA 8Q/2KV (same projections)", 52.38), "vha": ("VHA (premix + postmix)", 54.50),
          "premix_only": ("premix only", 53.31), "postmix_only": ("postmix only", 53.95),
          "silu_postmix": ("SiLU postmix (lower, no number)", None), "rank4": ("postmix rank 32", 54.24),
-         "rank8": ("postmix rank 128", 54.15)}
+         "rank8": ("postmix rank 128", 54.15), "mfa": ("MFA (1 KB cache)", 54.06),
+         "mla": ("MLA (1 KB cache; lower than VHA on the paper's 30B MoE, no 1.7B number)", None)}
 COMPARISONS = [("vha", "gqa_same_deploy"), ("vha", "gqa_4x_cache"), ("vha", "gqa_half_q"), ("gqa_4x_cache", "gqa_same_deploy"),
                ("gqa_same_deploy", "gqa_half_q"), ("premix_only", "gqa_same_deploy"), ("postmix_only", "gqa_same_deploy"),
-               ("vha", "premix_only"), ("vha", "postmix_only"), ("vha", "rank4"), ("vha", "rank8"), ("vha", "silu_postmix")]
-PAPER_SAYS_BETTER = {("vha", "silu_postmix"): 1}  # "lower scores" for SiLU: a direction without a number
-# The sweep's variants: train.py overrides on config/recall_mqar.py, for H query heads (8 unless a point sets n_head)
+               ("vha", "premix_only"), ("vha", "postmix_only"), ("vha", "rank4"), ("vha", "rank8"), ("vha", "silu_postmix"),
+               ("vha", "mfa"), ("vha", "mla")]
+PAPER_SAYS_BETTER = {("vha", "silu_postmix"): 1, ("vha", "mla"): 1}  # directions without a 1.7B number
+# The sweep's variants: train.py overrides on config/recall_mqar.py, for H query heads of dim d (8 and 8 unless a point
+# sets n_head / head_dim). mla and mfa get GQA-2's cache: 2 x 2 x d values per layer per token.
 SWEEP_VARIANTS = {
-    "mha": lambda H: dict(attn="gqa", n_kv_head=H),
-    "gqa4": lambda H: dict(attn="gqa", n_kv_head=4),
-    "gqa2": lambda H: dict(attn="gqa", n_kv_head=2),  # the same deployed model as a folded VHA
-    "gqa2_half_q": lambda H: dict(attn="gqa", n_head=H // 2, n_kv_head=2),  # VHA's physical q projections, attending directly
-    "mqa": lambda H: dict(attn="gqa", n_kv_head=1),
-    "vha": lambda H: dict(attn="vha", n_kv_head=2),  # H/2 physical -> H virtual query heads
-    "premix_only": lambda H: dict(attn="vha", n_kv_head=2, vha_postmix=False),
-    "postmix_only": lambda H: dict(attn="vha", n_kv_head=2, vha_premix=False),
+    "mha": lambda H, d: dict(attn="gqa", n_kv_head=H),
+    "gqa4": lambda H, d: dict(attn="gqa", n_kv_head=4),
+    "gqa2": lambda H, d: dict(attn="gqa", n_kv_head=2),  # the same deployed model as a folded VHA
+    "gqa2_half_q": lambda H, d: dict(attn="gqa", n_head=H // 2, n_kv_head=2),  # VHA's physical q projections, attending directly
+    "mqa": lambda H, d: dict(attn="gqa", n_kv_head=1),
+    "vha": lambda H, d: dict(attn="vha", n_kv_head=2),  # H/2 physical -> H virtual query heads
+    "premix_only": lambda H, d: dict(attn="vha", n_kv_head=2, vha_postmix=False),
+    "postmix_only": lambda H, d: dict(attn="vha", n_kv_head=2, vha_premix=False),
+    "mla": lambda H, d: dict(attn="mla", n_kv_head=H, qk_norm=False, mla_rope_dim=d // 2, mla_kv_rank=4 * d - d // 2),  # latent + RoPE key
+    "mfa": lambda H, d: dict(attn="mfa", n_kv_head=1, head_dim=2 * d, q_rank=32),  # one KV head of dim 2d, query rank n_embd / 2
 }
 SWEEP_COMPARISONS = [("mha", "mqa"), ("mha", "gqa2"), ("gqa4", "gqa2"), ("mha", "gqa4"), ("gqa2", "mqa"), ("vha", "gqa2"),
                      ("vha", "gqa4"), ("vha", "mha"), ("vha", "gqa2_half_q"), ("premix_only", "gqa2"), ("postmix_only", "gqa2"),
-                     ("vha", "premix_only"), ("vha", "postmix_only")]
+                     ("vha", "premix_only"), ("vha", "postmix_only"), ("vha", "mla"), ("vha", "mfa"), ("mla", "gqa2"), ("mfa", "gqa2")]
 MODEL_KNOBS = ("n_head", "head_dim", "n_embd", "n_layer")  # what a sweep point may set besides task knobs
 # two-sided 5% critical values of Student's t for df = 1..30 (beyond 30 the df=30 value: slightly conservative)
 T_CRIT = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -439,7 +445,7 @@ def sweep_args(cfg, point, variant, seed, run_dir, data_dir):
     """train.py's argv for one sweep run: the base config, the same budget for every variant, then the
     variant's attention and the point's model knobs."""
     _, spec, model = point
-    arch = dict(SWEEP_VARIANTS[variant](model.get("n_head", 8)))
+    arch = dict(SWEEP_VARIANTS[variant](model.get("n_head", 8), model.get("head_dim", 8)))
     overrides = {**model, **arch, "n_head": arch.get("n_head", model.get("n_head", 8))}
     iters = cfg["sweep_iters"]
     return ["config/recall_mqar.py", f"--data_dir={data_dir}", f"--out_dir={run_dir}", f"--seed={seed}", f"--max_iters={iters}",

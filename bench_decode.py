@@ -25,7 +25,8 @@ import torch
 from configurator import ConfigError, configure, resolve_device
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, grouped_decode_attention, load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
+from model import GPT, GPTConfig, grouped_decode_attention
 
 # -----------------------------------------------------------------------------
 mode = "decode"  # decode, train or costs
@@ -38,7 +39,7 @@ vocab_size = 128  # small, so the LM head does not hide the KV cache
 vha_kv_head = 2  # VHA: n_head virtual heads from n_head / vha_kv_head physical projections
 batch_size = None  # None: 1 (decode), 16 (train)
 # decode
-variants = "mha,gqa8,gqa4,gqa2,mqa,vha_folded"  # mha, mqa, gqaN (N KV heads), vha_folded
+variants = "mha,gqa8,gqa4,gqa2,mqa,vha_folded,mla,mfa"  # mha, mqa, gqaN (N KV heads), vha_folded, mla (absorb), mfa
 contexts = "auto"  # comma-separated; auto: 1K..16K on CPU, 1K..128K on CUDA
 decode_steps = 30  # timed steps per variant and context
 prefill_max = None  # prefill (TTFT) is timed at min(context, prefill_max); None: 2048 on CPU, 32768 on CUDA
@@ -52,7 +53,8 @@ plot = ""  # PNG path: tokens/s and KV memory vs context
 block_size = 256  # tokens per sequence
 train_steps = 10  # timed steps per variant
 # costs
-cost_configs = "config/paper_1p7b_gqa8.py,config/paper_1p7b_gqa2.py,config/paper_1p7b_gqa_8q2kv.py,config/paper_1p7b_vha.py"
+cost_configs = ("config/paper_1p7b_gqa8.py,config/paper_1p7b_gqa2.py,config/paper_1p7b_gqa_8q2kv.py,config/paper_1p7b_vha.py,"
+                "config/paper_1p7b_mla.py,config/paper_1p7b_mfa.py")
 # system
 warmup = 3  # untimed steps per variant
 device = "auto"
@@ -146,11 +148,16 @@ def build(**kw):
 
 # ----------------------------------------------------------------------------- decode
 def attention_of(name):
-    """Variant name -> GPTConfig overrides."""
+    """Variant name -> GPTConfig overrides. mla and mfa get the cache of vha_kv_head KV heads (GQA-2's bytes)."""
+    budget, d = 2 * vha_kv_head * shape["head_dim"], shape["head_dim"]  # cached values per layer per token
+    if name == "mla":  # latent + shared RoPE key = the budget
+        return dict(attn="mla", n_kv_head=shape["n_head"], qk_norm=False, mla_rope_dim=d // 2, mla_kv_rank=budget - d // 2)
+    if name == "mfa":  # one KV head of dim budget / 2, a query of rank n_embd / 2
+        return dict(attn="mfa", n_kv_head=1, head_dim=budget // 2, q_rank=shape["n_embd"] // 2)
     kv = {"mha": shape["n_head"], "mqa": 1, "vha_folded": vha_kv_head}.get(name)
     if kv is None and name.startswith("gqa") and name[3:].isdigit():
         kv = int(name[3:])
-    need(kv is not None, f"unknown variant {name!r}: choose from mha, mqa, gqaN (N KV heads, e.g. gqa2), vha_folded, ckpt (with --ckpt)")
+    need(kv is not None, f"unknown variant {name!r}: choose from mha, mqa, gqaN (N KV heads, e.g. gqa2), vha_folded, mla, mfa, ckpt (with --ckpt)")
     need(kv >= 1 and shape["n_head"] % kv == 0, f"variant {name!r}: {shape['n_head']} query heads cannot share {kv} KV heads evenly")
     return dict(n_kv_head=kv, attn="vha" if name == "vha_folded" else "gqa")
 
@@ -223,11 +230,17 @@ def matmul_peak():
 def time_attention(models, ctx):
     """Median s/token of the one-token attention alone (every layer, no projections), over ctx random K/V per
     layer: the part of a decode step that grows with the cache, without the weights it evicts."""
-    fns = {}
+    fns, rand = {}, lambda *shape: torch.randn(*shape, device=device, dtype=ptdtype)
     for name, model in models.items():
         c = model.cfg
-        kv = [torch.randn(2, batch_size, c.n_kv_head, ctx, c.head_dim, device=device, dtype=ptdtype) for _ in range(c.n_layer)]
-        q = torch.randn(batch_size, c.n_head, 1, c.head_dim, device=device, dtype=ptdtype)
+        if c.attn == "mla":  # over the latent: c_kv (r) and the shared RoPE key (d_R), one "head"
+            H, d, r, dR, attn = c.n_head, c.head_dim, c.mla_kv_rank, c.mla_rope_dim, model.blocks[0].attn
+            kv = [(rand(batch_size, 1, ctx, r), rand(batch_size, 1, ctx, dR)) for _ in range(c.n_layer)]
+            q = (rand(batch_size, H, 1, d), rand(batch_size, H, 1, dR))
+            fns[name] = lambda kv=kv, q=q, attn=attn: [attn.absorbed_attention(*q, ckv, kr, None) for ckv, kr in kv]
+            continue
+        kv = [rand(2, batch_size, c.n_kv_head, ctx, c.head_dim) for _ in range(c.n_layer)]
+        q = rand(batch_size, c.n_head, 1, c.head_dim)
         if decode_impl == "grouped":
             fns[name] = lambda kv=kv, q=q: [grouped_decode_attention(q, k, v) for k, v in kv]
         else:
@@ -336,7 +349,8 @@ def run_decode():
     for name, model in models.items():
         r, weights_ms, c = at[(name, top)], weight_bytes(model) / bw * 1e3, model.cfg
         kv_ms, kv_bytes = r["decode_ms"] - floor_ms[name], r["mb_per_step"] * 1e6 - weight_bytes(model)
-        attn_flops = 4 * c.n_layer * c.n_head * c.head_dim * top * batch_size  # QK^T and PV: 2 FLOPs per MAC each
+        width = (2 * c.mla_kv_rank + c.mla_rope_dim) if c.attn == "mla" else 2 * c.head_dim  # QK^T + PV widths (absorb: latent)
+        attn_flops = 2 * c.n_layer * c.n_head * width * top * batch_size  # 2 FLOPs per multiply-accumulate
         breakdown[name] = dict(variant=name, ms_ctx1=floor_ms[name], weights_ms=weights_ms, overhead_ms=floor_ms[name] - weights_ms,
                                ms_top=r["decode_ms"], kv_ms=kv_ms, kv_gb_s=kv_bytes / kv_ms / 1e6 if kv_ms > 0 else None,
                                attn_ms=attn_s[name] * 1e3, attn_gb_s=kv_bytes / attn_s[name] / 1e9, attn_gflop_s=attn_flops / attn_s[name] / 1e9,
@@ -456,6 +470,10 @@ def run_train():
 PAPER_VOCAB = 151936  # Qwen3's tokenizer; train.py takes the vocab from the dataset, so the config files cannot set it
 
 
+# the paper's training/prefill GFLOPs per token at 1.7B, S=4096 (1 KB/layer/token except GQA-8); it gives no MLA figure there
+PAPER_GFLOPS = {"paper_1p7b_gqa8.py": 10.61, "paper_1p7b_vha.py": 9.78, "paper_1p7b_mfa.py": 15.90}
+
+
 def run_costs():
     rows = []
     for path in cost_configs.split(","):
@@ -472,14 +490,17 @@ def run_costs():
         rows.append(dict(config=os.path.basename(path), attn=c.attn, heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV",
                          params_b=model.num_params() / 1e9, kv_bytes_per_layer=model.kv_bytes_per_token(torch.bfloat16) // c.n_layer,
                          kv_kb_per_token=model.kv_bytes_per_token(torch.bfloat16) / 1024, T=T,
-                         train_flops_per_token=model.flops_per_token(T, training=True)))
+                         train_flops_per_token=model.flops_per_token(T, training=True), paper_gflops=PAPER_GFLOPS.get(os.path.basename(path))))
     for r in rows:
         r["flops_vs_first"] = r["train_flops_per_token"] / rows[0]["train_flops_per_token"]
+        if r["paper_gflops"] and rows[0]["paper_gflops"]:
+            r["paper_vs_first"] = r["paper_gflops"] / rows[0]["paper_gflops"]
     print(f"paper-scale costs (vocab {PAPER_VOCAB}, bf16 KV cache, training FLOPs at each file's block_size; model.py's accounting)")
     print_table(rows, [("config", "config", "{}"), ("attn", "attn", "{}"), ("q proj->attn heads/KV", "heads", "{}"),
                        ("params B", "params_b", "{:.3f}"), ("KV B/layer/token", "kv_bytes_per_layer", "{}"),
                        ("KV KB/token", "kv_kb_per_token", "{:.0f}"), ("T", "T", "{}"),
-                       ("train FLOPs/token", "train_flops_per_token", "{:.3e}"), (f"FLOPs vs {rows[0]['config']}", "flops_vs_first", "{:.4f}")])
+                       ("train FLOPs/token", "train_flops_per_token", "{:.3e}"), (f"FLOPs vs {rows[0]['config']}", "flops_vs_first", "{:.4f}"),
+                       ("paper GFLOPs/token", "paper_gflops", "{:.2f}"), ("paper vs first", "paper_vs_first", "{:.4f}")])
     out = dict(mode="costs", results=rows)
     vha = next((r for r in rows if r["attn"] == "vha"), None)
     if vha:

@@ -23,7 +23,8 @@ import torch
 
 from configurator import ConfigError, configure
 from data.common import gpt2_encoding
-from model import GPT, load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
+from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
+from model import GPT
 
 # -----------------------------------------------------------------------------
 out_dir = "out"
@@ -191,6 +192,8 @@ def hf_name(name):
 
 def hf_export_problem(cfg):
     """Why cfg (a plain GQA config) cannot be written as an exact Qwen3 model, or None."""
+    if cfg.attn != "gqa":
+        return f"attn={cfg.attn!r} is not a Qwen3 attention: only plain GQA/MHA (a folded VHA included) exports as Qwen3ForCausalLM"
     if not cfg.qk_norm:
         return ("Qwen3 always applies QK-norm (q_norm/k_norm), but this model was trained with qk_norm=False: "
                 "its Qwen3 export would compute something else; export only works for qk_norm=True models")
@@ -324,6 +327,9 @@ def main(argv):
     except ValueError as e:
         sys.exit(f"error: {src}: {e}")
     c = model.cfg
+    if c.attn in ("mla", "mfa"):
+        sys.exit(f"error: nothing to fold: {src} is {c.attn.upper()} (attn={c.attn!r}), which has no premix or postmix; "
+                 f"only VHA checkpoints fold, and the Hugging Face export writes Qwen3, which has no {c.attn.upper()} attention")
     if c.attn == "gqa":
         if not export_hf:
             sys.exit(f"error: nothing to fold: {src} is already a plain {'MHA' if c.n_head == c.n_kv_head else 'GQA'} "

@@ -2,7 +2,7 @@
 nanoVHA model: a Qwen3-style decoder with GQA and Virtual Head Attention (VHA), in one file.
 
 Reads top to bottom: RMSNorm, RoPE, attention (GQA + VHA premix/postmix, KV cache), MLP, block,
-config, model (forward, prefill/decode, generate, cost accounting, VHA health, fold), checkpoints.
+config, model (forward, prefill/decode, generate, cost accounting, VHA health, fold). Checkpoint I/O: checkpoint.py.
 
 VHA in one picture (H_v=8 virtual query heads, H_kv=2 KV heads, H_p=H_v/H_kv=4 physical q projections):
 
@@ -18,9 +18,7 @@ Both maps are linear, so after training they fold into W_q and W_o (see GPT.fold
 the deployed model is a plain GQA model with n_head=H_v, n_kv_head=H_kv.
 """
 import math
-import os
-import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import torch
@@ -59,13 +57,13 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache(nn.Module):
-    """Preallocated cache for one layer: (B, n_kv_head, max_len, head_dim) for keys and values."""
+    """Preallocated cache for one layer: k (B, heads, max_len, k_dim) and v (B, heads, max_len, v_dim).
+    GQA: keys and values of the KV heads; MLA: k holds the latent c_kv and v the shared RoPE key (1 "head")."""
 
-    def __init__(self, batch_size, n_kv_head, max_len, head_dim, dtype, device):
+    def __init__(self, batch_size, heads, max_len, k_dim, v_dim, dtype, device):
         super().__init__()
-        shape = (batch_size, n_kv_head, max_len, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("k", torch.zeros(batch_size, heads, max_len, k_dim, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(batch_size, heads, max_len, v_dim, dtype=dtype, device=device), persistent=False)
         self.register_buffer("positions", torch.arange(max_len, device=device), persistent=False)  # for static masks
 
     def update(self, start, k, v):
@@ -126,7 +124,10 @@ def fold_postmix(W_o, M):
 
 class Attention(nn.Module):
     """GQA attention; with attn="vha" it adds Q premix and postmix, in this order:
-    projections -> premix -> QK-norm -> RoPE -> causal attention -> postmix -> W_o."""
+    projections -> premix -> QK-norm -> RoPE -> causal attention -> postmix -> W_o.
+    attn="mfa" (multi-matrix factorization attention, StepFun's MFA as Step-3 ships it) is GQA with few KV
+    heads of a large head_dim and a low-rank query: q = RMSNorm(x W_qa) W_qb (rank q_rank, W_qa fused into
+    qkv_proj), so many query heads cost D*r + r*H*d weights instead of D*H*d."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -134,8 +135,11 @@ class Attention(nn.Module):
         d, D = cfg.head_dim, cfg.n_embd
         # q, k and v in one projection (nanoGPT's c_attn, gpt-fast's wqkv): one matrix-vector product per decoded
         # token instead of three. Rows: [W_q (H_p*d, the physical query heads); W_k (H_kv*d); W_v (H_kv*d)]
-        self.qkv_split = [cfg.n_q_proj * d, cfg.n_kv_head * d, cfg.n_kv_head * d]
+        self.qkv_split = [cfg.q_rank or cfg.n_q_proj * d, cfg.n_kv_head * d, cfg.n_kv_head * d]
         self.qkv_proj = nn.Linear(D, sum(self.qkv_split), bias=False)
+        if cfg.q_rank:  # MFA: rows [W_qa; W_k; W_v] above, then q = RMSNorm(x W_qa) W_qb
+            self.q_latent_norm = RMSNorm(cfg.q_rank, cfg.norm_eps)
+            self.q_up = nn.Linear(cfg.q_rank, cfg.n_q_proj * d, bias=False)
         self.o_proj = nn.Linear(cfg.n_attn_head * d, D, bias=False)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.norm_eps)  # one weight shared by all heads (Qwen3)
@@ -147,6 +151,7 @@ class Attention(nn.Module):
             # Postmix over heads: a'_j = a_j + sum_r V[j, r] act(sum_h U[h, r] a_h), i.e. a' = (I + V U^T) a.
             self.postmix_U = nn.Parameter(0.01 * torch.randn(cfg.n_attn_head, cfg.vha_postmix_rank))
             self.postmix_V = nn.Parameter(torch.zeros(cfg.n_attn_head, cfg.vha_postmix_rank))  # V=0: exact identity at init
+        self.cache_dims = (cfg.n_kv_head, d, d)  # KVCache: heads, key width, value width
         self.kv_cache = None
         self.record_postmix = False  # when True, forward stores ||a' - a|| / ||a|| per token (VHA health)
 
@@ -201,6 +206,8 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         d = cfg.head_dim
         q, k, v = self.qkv_proj(x).split(self.qkv_split, dim=-1)  # x [W_q; W_k; W_v]^T, split by columns
+        if cfg.q_rank:
+            q = self.q_up(self.q_latent_norm(q))  # MFA: (B, T, r) -> (B, T, H*d)
         q = q.view(B, T, cfg.n_q_proj, d)  # (B, T, H_p, d)
         k = k.view(B, T, cfg.n_kv_head, d)  # (B, T, H_kv, d)
         v = v.view(B, T, cfg.n_kv_head, d)
@@ -233,6 +240,87 @@ class Attention(nn.Module):
         return self.o_proj(a)  # (B, T, D)
 
 
+class MLAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2/V3). Each token caches only a latent c_kv (r = mla_kv_rank wide)
+    and one RoPE key k_R (d_R = mla_rope_dim) shared by all heads; per-head keys and values come back from c_kv:
+
+        c_kv = RMSNorm(x W_dkv),   k_R = RoPE(x W_kR)                   (W_dkv, W_kR fused into qkv_proj)
+        [k_C,h ; v_h] = W_ukv,h c_kv                                     (kv_up: d + d rows per head h)
+        q_h = [q_C,h ; RoPE(q_R,h)] = rows of x W_q, or of RMSNorm(x W_dq) W_uq with q_rank
+        a_h = softmax_t((q_C,h . k_C,h,t + q_R,h . k_R,t) / sqrt(d + d_R)) . v_h,t,   y = W_o [a_1; ...; a_H]
+
+    Two decode paths, as DeepSeek-V3's inference code keeps them (mla_decode):
+      naive:  up-project every cached c_kv to per-head k_C, v, then plain attention over d + d_R wide keys.
+      absorb: q_C,h . (W_uk,h c) = (W_uk,h^T q_C,h) . c and sum_t p_t W_uv,h c_t = W_uv,h (sum_t p_t c_t): the
+              query moves into latent space, attention runs over the cached c_kv itself (r wide, one "KV head"
+              shared by all heads), and W_uv,h is applied once to the result. No per-head K/V is ever built.
+    Training and prefill use the naive form. There is no per-head QK-norm (cfg.qk_norm must be False): an
+    RMSNorm of k_C = W_uk c is not linear in c, so absorb could not move W_uk into the query. The latent
+    norms (of c_kv, and of the query latent with q_rank) take its place, as in DeepSeek-V2/V3."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+        H, d, dR, r, D = cfg.n_head, cfg.head_dim, cfg.mla_rope_dim, cfg.mla_kv_rank, cfg.n_embd
+        # one projection from x, rows [W_q (H*(d+d_R)) or W_dq (q_rank); W_dkv (r); W_kR (d_R)]
+        self.qkv_split = [cfg.q_rank or H * (d + dR), r, dR]
+        self.qkv_proj = nn.Linear(D, sum(self.qkv_split), bias=False)
+        if cfg.q_rank:
+            self.q_latent_norm = RMSNorm(cfg.q_rank, cfg.norm_eps)
+            self.q_up = nn.Linear(cfg.q_rank, H * (d + dR), bias=False)
+        self.kv_norm = RMSNorm(r, cfg.norm_eps)
+        self.kv_up = nn.Linear(r, H * 2 * d, bias=False)  # rows per head h: [W_uk,h (d); W_uv,h (d)]
+        self.o_proj = nn.Linear(H * d, D, bias=False)
+        self.cache_dims = (1, r, dR)  # KVCache: one latent "head", k <- c_kv, v <- k_R
+        self.kv_cache = None
+
+    def forward(self, x, cos, sin, start_pos=None):
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, d, dR = cfg.n_head, cfg.head_dim, cfg.mla_rope_dim
+        q, c_kv, k_rope = self.qkv_proj(x).split(self.qkv_split, dim=-1)  # (B, T, q width | r | d_R)
+        if cfg.q_rank:
+            q = self.q_up(self.q_latent_norm(q))  # (B, T, H*(d+d_R))
+        q = q.view(B, T, H, d + dR).transpose(1, 2)  # (B, H, T, d + d_R)
+        q_nope, q_rope = q.split([d, dR], dim=-1)  # (B, H, T, d), (B, H, T, d_R)
+        q_rope = apply_rope(q_rope, cos, sin)
+        c_kv = self.kv_norm(c_kv)[:, None]  # (B, 1, T, r)
+        k_rope = apply_rope(k_rope[:, None], cos, sin)  # (B, 1, T, d_R): one RoPE key for every head
+        static = isinstance(start_pos, torch.Tensor)
+        if start_pos is not None:
+            c_kv, k_rope = self.kv_cache.update(start_pos, c_kv, k_rope)  # (B, 1, Tk, r), (B, 1, Tk, d_R)
+        visible = self.kv_cache.positions <= start_pos if static else None  # (max_len,) written positions
+        if T == 1 and start_pos is not None and cfg.mla_decode == "absorb":
+            a = self.absorbed_attention(q_nope, q_rope, c_kv, k_rope, visible)
+        else:
+            a = self.naive_attention(q_nope, q_rope, c_kv, k_rope, visible, causal=T > 1)
+        return self.o_proj(a.transpose(1, 2).reshape(B, T, H * d))  # (B, H, T, d) -> (B, T, H*d) -> (B, T, D)
+
+    def naive_attention(self, q_nope, q_rope, c_kv, k_rope, visible, causal):
+        """Up-projects the latents to per-head keys and values, then ordinary attention. -> (B, H, T, d)"""
+        B, H, T, d = q_nope.shape
+        Tk = c_kv.size(2)
+        k_nope, v = self.kv_up(c_kv[:, 0]).view(B, Tk, H, 2 * d).transpose(1, 2).split([d, d], dim=-1)  # (B, H, Tk, d) each
+        q = torch.cat([q_nope, q_rope], dim=-1)  # (B, H, T, d + d_R)
+        k = torch.cat([k_nope, k_rope.expand(B, H, Tk, k_rope.size(-1))], dim=-1)  # (B, H, Tk, d + d_R)
+        if self.cfg.attn_impl == "plain" and visible is None:
+            return plain_attention(q, k, v)
+        mask = None if visible is None else visible[None, :]  # (1, Tk): broadcast over batch, heads, queries
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and visible is None,
+                                              dropout_p=self.cfg.dropout if self.training else 0.0)
+
+    def absorbed_attention(self, q_nope, q_rope, c_kv, k_rope, visible):
+        """One decoded token, attention over the cached latents. -> (B, H, 1, d)"""
+        H, d, r = self.cfg.n_head, self.cfg.head_dim, self.cfg.mla_kv_rank
+        W_uk, W_uv = self.kv_up.weight.view(H, 2 * d, r).split([d, d], dim=1)  # (H, d, r) each
+        q_latent = q_nope @ W_uk  # (B, H, 1, d) @ (H, d, r) -> (B, H, 1, r): W_uk,h^T q_C,h
+        scores = (q_latent @ c_kv.transpose(-2, -1) + q_rope @ k_rope.transpose(-2, -1)) / math.sqrt(d + q_rope.size(-1))  # (B, H, 1, Tk)
+        if visible is not None:
+            scores = scores.masked_fill(~visible, float("-inf"))
+        a_latent = scores.softmax(dim=-1) @ c_kv  # (B, H, 1, r): sum_t p_t c_t
+        return a_latent @ W_uv.transpose(-2, -1)  # (B, H, 1, d): W_uv,h (sum_t p_t c_t)
+
+
 class MLP(nn.Module):
     """SwiGLU: down(silu(x W_gate^T) * (x W_up^T)), with gate and up in one projection (rows [W_gate; W_up])."""
 
@@ -250,7 +338,7 @@ class Block(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = MLAttention(cfg) if cfg.attn == "mla" else Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
@@ -275,11 +363,15 @@ class GPTConfig:
     tie_embeddings: bool = True
     dropout: float = 0.0
     norm_eps: float = 1e-6
-    attn: str = "gqa"  # "gqa" (MHA: n_kv_head == n_head, MQA: n_kv_head == 1) or "vha"
+    attn: str = "gqa"  # "gqa" (MHA: n_kv_head == n_head, MQA: n_kv_head == 1), "vha", "mla" or "mfa"
     vha_premix: bool = True
     vha_postmix: bool = True
     vha_postmix_rank: Optional[int] = None  # default max(1, n_head // 4)
     vha_postmix_act: str = "linear"  # or "silu" (the paper's nonlinear ablation; cannot fold)
+    q_rank: Optional[int] = None  # MLA/MFA: low-rank query q = RMSNorm(x W_dq) W_uq of this rank (None: full W_q); MFA needs it
+    mla_kv_rank: Optional[int] = None  # MLA: width r of the cached latent c_kv (default 4 * head_dim, DeepSeek's 512 / 128)
+    mla_rope_dim: Optional[int] = None  # MLA: width d_R of the shared RoPE key (default head_dim // 2, DeepSeek's 64 / 128)
+    mla_decode: str = "absorb"  # MLA one-token decode: "absorb" (attend over the latent) or "naive" (up-project the cache)
     attn_impl: str = "sdpa"  # "sdpa" or "plain" (the readable reference)
     decode_impl: str = "grouped"  # one-token decode: "grouped" matmul per KV head, or "sdpa"
 
@@ -290,7 +382,7 @@ class GPTConfig:
 
         for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head"):
             need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        for name, allowed in (("attn", ("gqa", "vha")), ("attn_impl", ("sdpa", "plain")),
+        for name, allowed in (("attn", ("gqa", "vha", "mla", "mfa")), ("attn_impl", ("sdpa", "plain")), ("mla_decode", ("absorb", "naive")),
                               ("decode_impl", ("grouped", "sdpa")), ("vha_postmix_act", ("linear", "silu"))):
             need(getattr(self, name) in allowed, f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         need(self.n_head % self.n_kv_head == 0,
@@ -308,6 +400,20 @@ class GPTConfig:
                 need(self.n_q_proj % self.n_kv_head == 0,
                      f"postmix-only VHA attends with H_p = n_head // n_kv_head = {self.n_q_proj} heads, "
                      f"which must be a multiple of n_kv_head={self.n_kv_head}")
+        need(self.q_rank is None or (self.attn in ("mla", "mfa") and self.q_rank >= 1),
+             f"q_rank={self.q_rank} is the low-rank query of attn='mla' or 'mfa' (>= 1); attn={self.attn!r} has a full W_q: drop q_rank")
+        need(self.attn != "mfa" or self.q_rank is not None, "attn='mfa' factorizes the query: set q_rank (e.g. n_embd // 2)")
+        if self.attn == "mla":
+            need(self.n_kv_head == self.n_head, f"attn='mla' up-projects a key and a value for every query head from the latent: "
+                 f"set n_kv_head = n_head ({self.n_head}), got {self.n_kv_head}; the cache size is set by mla_kv_rank + mla_rope_dim")
+            need(not self.qk_norm, "attn='mla' needs qk_norm=False: an RMSNorm of k = W_uk c_kv is not linear in c_kv, so the absorbed "
+                 "decode could not move W_uk into the query; MLA normalises its latents instead (DeepSeek-V2/V3)")
+            self.mla_kv_rank = self.mla_kv_rank or 4 * self.head_dim
+            self.mla_rope_dim = self.mla_rope_dim or max(2, self.head_dim // 2)
+            need(self.mla_kv_rank >= 1, f"mla_kv_rank must be >= 1, got {self.mla_kv_rank}")
+            need(self.mla_rope_dim >= 2 and self.mla_rope_dim % 2 == 0, f"mla_rope_dim must be even and >= 2 (RoPE pairs), got {self.mla_rope_dim}")
+        else:
+            need(self.mla_kv_rank is None and self.mla_rope_dim is None, f"mla_kv_rank / mla_rope_dim are attn='mla' knobs; attn={self.attn!r}: drop them")
         if self.vha_postmix_rank is None:
             self.vha_postmix_rank = max(1, self.n_head // 4)
         if self.has_postmix:
@@ -318,7 +424,10 @@ class GPTConfig:
     has_premix = property(lambda self: self.attn == "vha" and self.vha_premix)
     has_postmix = property(lambda self: self.attn == "vha" and self.vha_postmix)
     n_q_proj = property(lambda self: self.n_head // self.n_kv_head if self.attn == "vha" else self.n_head)  # H_p (VHA)
-    n_attn_head = property(lambda self: self.n_head if (self.attn == "gqa" or self.vha_premix) else self.n_q_proj)  # H_v
+    n_attn_head = property(lambda self: self.n_q_proj if (self.attn == "vha" and not self.vha_premix) else self.n_head)  # H_v
+    rope_dim = property(lambda self: self.mla_rope_dim if self.attn == "mla" else self.head_dim)  # width RoPE rotates
+    kv_values_per_token = property(lambda self: self.n_layer * ((self.mla_kv_rank + self.mla_rope_dim) if self.attn == "mla"
+                                                                else 2 * self.n_kv_head * self.head_dim))  # cached numbers
 
 
 class GPT(nn.Module):
@@ -355,7 +464,7 @@ class GPT(nn.Module):
         if start_pos is None:
             if T > self.cfg.block_size:
                 raise ValueError(f"sequence length {T} > block_size {self.cfg.block_size}")
-            cos, sin = rope_cos_sin(torch.arange(T, device=idx.device), self.cfg.head_dim, self.cfg.rope_theta, self.embed.weight.dtype)
+            cos, sin = rope_cos_sin(torch.arange(T, device=idx.device), self.cfg.rope_dim, self.cfg.rope_theta, self.embed.weight.dtype)
         elif getattr(self, "rope_cos", None) is None:
             raise RuntimeError("no KV cache: call setup_cache(batch_size, max_len) first")
         elif isinstance(start_pos, torch.Tensor):
@@ -383,8 +492,9 @@ class GPT(nn.Module):
         p = self.embed.weight
         device = device or p.device
         for block in self.blocks:
-            block.attn.kv_cache = KVCache(batch_size, self.cfg.n_kv_head, max_len, self.cfg.head_dim, dtype or p.dtype, device)
-        cos, sin = rope_cos_sin(torch.arange(max_len, device=device), self.cfg.head_dim, self.cfg.rope_theta, p.dtype)
+            heads, k_dim, v_dim = block.attn.cache_dims
+            block.attn.kv_cache = KVCache(batch_size, heads, max_len, k_dim, v_dim, dtype or p.dtype, device)
+        cos, sin = rope_cos_sin(torch.arange(max_len, device=device), self.cfg.rope_dim, self.cfg.rope_theta, p.dtype)
         self.register_buffer("rope_cos", cos, persistent=False)  # buffers: static inputs for CUDA graphs
         self.register_buffer("rope_sin", sin, persistent=False)
 
@@ -427,20 +537,27 @@ class GPT(nn.Module):
     def flops_per_token(self, T, training=False):
         """Convention: forward = 2 x MACs of every matmul (lm_head, premix, postmix included)
         + causal attention 2 * n_attn_head * head_dim * T per layer (QK^T and AV over T/2 keys on
-        average); training = 3 x forward."""
+        average; MLA: QK^T over d + d_R, AV over d); training = 3 x forward. MLA counts its training form
+        (keys and values up-projected, the naive path); its absorbed decode does other work per token."""
         c = self.cfg
         D, d, H = c.n_embd, c.head_dim, c.n_attn_head
-        macs = D * d * (c.n_q_proj + 2 * c.n_kv_head) + H * d * D + 3 * D * c.mlp_hidden  # projections, MLP
+        q_width = H * (d + c.mla_rope_dim) if c.attn == "mla" else c.n_q_proj * d  # query numbers per token
+        macs = D * sum(self.blocks[0].attn.qkv_split) + H * d * D + 3 * D * c.mlp_hidden  # fused projection, W_o, MLP
+        if c.q_rank:
+            macs += c.q_rank * q_width  # q_up of the low-rank query (MLA, MFA)
+        if c.attn == "mla":
+            macs += c.mla_kv_rank * H * 2 * d  # kv_up: per-head keys and values from the latent
         if c.has_premix:
             macs += H * d * d  # every virtual head: one d x d map
         if c.has_postmix:
             macs += 2 * H * c.vha_postmix_rank * d  # U^T then V
-        fwd = c.n_layer * (2 * macs + 2 * H * d * T) + 2 * D * c.vocab_size
+        attention = H * (2 * d + c.mla_rope_dim) * T if c.attn == "mla" else 2 * H * d * T  # FLOPs per layer
+        fwd = c.n_layer * (2 * macs + attention) + 2 * D * c.vocab_size
         return 3 * fwd if training else fwd
 
     def kv_bytes_per_token(self, dtype=torch.bfloat16):
-        c = self.cfg
-        return c.n_layer * 2 * c.n_kv_head * c.head_dim * torch.empty((), dtype=dtype).element_size()
+        """Bytes the cache holds per token: layers x (2 x KV heads x head_dim, or MLA's r + d_R) x element size."""
+        return self.cfg.kv_values_per_token * torch.empty((), dtype=dtype).element_size()
 
     # ---- VHA health (cheap, no grad): is premix/postmix learning anything? ----
     @torch.no_grad()
@@ -450,6 +567,8 @@ class GPT(nn.Module):
         postmix_offdiag_share (share of ||M||_F^2 off the diagonal); with a batch idx, postmix_rel_delta
         ||a' - a|| / ||a|| per token (0 at init)."""
         c, attns = self.cfg, [b.attn for b in self.blocks]
+        if c.attn != "vha":
+            return {}  # no premix or postmix
         rows = [a.health() for a in attns]
         out = {k: sum(float(r[k].mean()) for r in rows) / len(rows) for k in rows[0] if k != "postmix_M"}
         if c.has_postmix and idx is not None:  # one eval-mode forward that records ||a' - a|| / ||a||
@@ -475,7 +594,8 @@ class GPT(nn.Module):
         Computed in float64, cast back to each weight's dtype."""
         c = self.cfg
         if c.attn != "vha":
-            raise ValueError("nothing to fold: this model is already plain GQA/MHA/MQA (attn='gqa')")
+            raise ValueError(f"nothing to fold: attn={c.attn!r} has no premix or postmix (only attn='vha' folds); "
+                             f"use the checkpoint as it is")
         if c.has_postmix and c.vha_postmix_act != "linear":
             raise ValueError("cannot fold a SiLU postmix: silu(U^T a) is not linear in a, so no single "
                              "matrix M can be absorbed into W_o; only vha_postmix_act='linear' folds")
@@ -502,82 +622,3 @@ def sample_next(logits, temperature=1.0, top_k=None, generator=None):
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
-
-
-# ---- checkpoints: written atomically, loaded with clear errors, in one place ----
-def save_checkpoint(obj, path):
-    """torch.save to a temp file in the same folder, fsync, then rename: a crash mid-write
-    leaves the previous file intact."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def load_checkpoint(path, device="cpu"):
-    """Returns the checkpoint dict; raises a clear error for a missing, corrupt or foreign file."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"checkpoint {path} not found: train one first (python train.py ...) or pass the right --out_dir")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)  # never runs code from the file
-    except Exception as e:
-        reason = str(e).strip().split("\n")[0].split(". ")[0][:160]
-        raise ValueError(f"checkpoint {path} is corrupt or truncated ({type(e).__name__}: {reason}); "
-                         f"use an intact checkpoint or retrain") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
-        raise ValueError(f"{path} is not a nanoVHA checkpoint (no 'model'/'model_args' entries)")
-    return ckpt
-
-
-# checkpoints written before the fused projections name each projection; their rows stack into the fused ones
-UNFUSED_PROJECTIONS = {"attn.qkv_proj.weight": ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight"),
-                       "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
-
-
-def fuse_projections(state):
-    """A state dict with separate q/k/v and gate/up projections -> the same weights under the fused names
-    (rows concatenated in the fused order), so old checkpoints load exactly. Other entries pass through."""
-    state = dict(state)
-    for key in [k for k in state if k.endswith(UNFUSED_PROJECTIONS["attn.qkv_proj.weight"][0])]:
-        layer = key[: -len(UNFUSED_PROJECTIONS["attn.qkv_proj.weight"][0])]  # 'blocks.3.'
-        for fused, parts in UNFUSED_PROJECTIONS.items():
-            if all(layer + p in state for p in parts):
-                state[layer + fused] = torch.cat([state.pop(layer + p) for p in parts])
-    return state
-
-
-def split_projections(state, cfg):
-    """The inverse of fuse_projections: fused q/k/v and gate/up rows back under the separate names (the
-    layout Hugging Face's Qwen3 uses)."""
-    state, d = dict(state), cfg.head_dim
-    rows = {"attn.qkv_proj.weight": [cfg.n_q_proj * d, cfg.n_kv_head * d, cfg.n_kv_head * d],
-            "mlp.gate_up_proj.weight": [cfg.mlp_hidden, cfg.mlp_hidden]}
-    for key in [k for k in state if k.endswith(tuple(rows))]:
-        fused = next(f for f in rows if key.endswith(f))
-        layer = key[: -len(fused)]
-        for name, part in zip(UNFUSED_PROJECTIONS[fused], state.pop(key).split(rows[fused])):
-            state[layer + name] = part
-    return state
-
-
-def model_from_checkpoint(ckpt, device="cpu"):
-    """Builds the GPT of a checkpoint dict; strips torch.compile's '_orig_mod.' prefix and fuses the
-    projections of checkpoints written before q/k/v and gate/up were fused."""
-    known = {f.name for f in fields(GPTConfig)}
-    prefix = "_orig_mod."
-    try:
-        model = GPT(GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in known}))
-        model.load_state_dict(fuse_projections({k[len(prefix):] if k.startswith(prefix) else k: v for k, v in ckpt["model"].items()}))
-    except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as e:
-        reason = str(e).strip().split("\n")[0][:200]
-        raise ValueError(f"the checkpoint holds no loadable model ({type(e).__name__}: {reason}); "
-                         f"use a checkpoint written by train.py or fold.py") from None
-    return model.to(device)

@@ -13,7 +13,7 @@ import torch
 
 from configurator import ConfigError, configure, resolve_device
 from data.common import load_tokenizer
-from model import load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint
 
 out_dir = "out"
 ckpt_name = "ckpt.pt"

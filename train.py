@@ -28,7 +28,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import ConfigError, configure, resolve_device
 from data.recall import tasks as recall_tasks
-from model import GPT, GPTConfig, fuse_projections, load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import fuse_projections, load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 # defaults (overridden by config/*.py files and --key=value); nanoGPT's names where it has the knob
@@ -66,6 +67,9 @@ vha_premix = True
 vha_postmix = True
 vha_postmix_rank = None
 vha_postmix_act = "linear"
+q_rank = None  # MLA/MFA: low-rank query
+mla_kv_rank = None  # MLA: cached latent width (None: 4 * head_dim)
+mla_rope_dim = None  # MLA: shared RoPE key width (None: head_dim // 2)
 # AdamW + warmup/cosine schedule
 learning_rate = 1e-3
 max_iters = 2000
@@ -93,7 +97,8 @@ except ConfigError as e:
 globals().update(config)
 # -----------------------------------------------------------------------------
 model_fields = ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "mlp_hidden", "rope_theta", "qk_norm",
-                "tie_embeddings", "dropout", "attn", "vha_premix", "vha_postmix", "vha_postmix_rank", "vha_postmix_act", "block_size")
+                "tie_embeddings", "dropout", "attn", "vha_premix", "vha_postmix", "vha_postmix_rank", "vha_postmix_act",
+                "q_rank", "mla_kv_rank", "mla_rope_dim", "block_size")
 
 
 def need(ok, msg):

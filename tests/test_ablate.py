@@ -10,7 +10,7 @@ import pytest
 
 import ablate
 from conftest import run
-from model import load_checkpoint
+from checkpoint import load_checkpoint
 
 ENV = {"OMP_NUM_THREADS": "1"}  # tiny models: a second thread only fights over a shared CPU
 

@@ -11,7 +11,8 @@ import torch
 
 from conftest import ROOT, run
 from configurator import configure
-from model import GPT, GPTConfig, fold_postmix, rope_cos_sin, save_checkpoint
+from checkpoint import save_checkpoint
+from model import GPT, GPTConfig, fold_postmix, rope_cos_sin
 from test_model import VARIANTS, make
 
 TINY = ["--n_layer=2", "--n_embd=32", "--n_head=4", "--head_dim=8", "--vha_kv_head=2", "--threads=1", "--warmup=1",

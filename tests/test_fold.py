@@ -11,7 +11,8 @@ import torch
 import fold
 from conftest import TINY_MODEL, run
 from data.common import gpt2_encoding, gpt2_meta, load_tokenizer
-from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import GPT, GPTConfig
 from test_model import make
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny models: extra threads only fight over a shared CPU

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, fuse_projections, grouped_decode_attention, plain_attention, split_projections
+from checkpoint import fuse_projections, split_projections
+from model import GPT, GPTConfig, grouped_decode_attention, plain_attention
 
 VARIANTS = {
     "mha": dict(attn="gqa", n_head=8, n_kv_head=8),

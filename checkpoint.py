@@ -1,0 +1,91 @@
+"""
+nanoVHA checkpoints: written atomically, loaded with clear errors, in one place (model.py stays the model).
+
+A checkpoint is a dict with "model" (state_dict) and "model_args" (GPTConfig fields); train.py adds the
+optimizer, iteration and dataset meta. Checkpoints from before the fused projections load too.
+"""
+import os
+import tempfile
+from dataclasses import fields
+
+import torch
+
+from model import GPT, GPTConfig
+
+
+def save_checkpoint(obj, path):
+    """torch.save to a temp file in the same folder, fsync, then rename: a crash mid-write
+    leaves the previous file intact."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_checkpoint(path, device="cpu"):
+    """Returns the checkpoint dict; raises a clear error for a missing, corrupt or foreign file."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint {path} not found: train one first (python train.py ...) or pass the right --out_dir")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)  # never runs code from the file
+    except Exception as e:
+        reason = str(e).strip().split("\n")[0].split(". ")[0][:160]
+        raise ValueError(f"checkpoint {path} is corrupt or truncated ({type(e).__name__}: {reason}); "
+                         f"use an intact checkpoint or retrain") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_args" not in ckpt:
+        raise ValueError(f"{path} is not a nanoVHA checkpoint (no 'model'/'model_args' entries)")
+    return ckpt
+
+
+# checkpoints written before the fused projections name each projection; their rows stack into the fused ones
+UNFUSED_PROJECTIONS = {"attn.qkv_proj.weight": ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight"),
+                       "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+
+
+def fuse_projections(state):
+    """A state dict with separate q/k/v and gate/up projections -> the same weights under the fused names
+    (rows concatenated in the fused order), so old checkpoints load exactly. Other entries pass through."""
+    state = dict(state)
+    for key in [k for k in state if k.endswith(UNFUSED_PROJECTIONS["attn.qkv_proj.weight"][0])]:
+        layer = key[: -len(UNFUSED_PROJECTIONS["attn.qkv_proj.weight"][0])]  # 'blocks.3.'
+        for fused, parts in UNFUSED_PROJECTIONS.items():
+            if all(layer + p in state for p in parts):
+                state[layer + fused] = torch.cat([state.pop(layer + p) for p in parts])
+    return state
+
+
+def split_projections(state, cfg):
+    """The inverse of fuse_projections: fused q/k/v and gate/up rows back under the separate names (the
+    layout Hugging Face's Qwen3 uses)."""
+    state, d = dict(state), cfg.head_dim
+    rows = {"attn.qkv_proj.weight": [cfg.n_q_proj * d, cfg.n_kv_head * d, cfg.n_kv_head * d],
+            "mlp.gate_up_proj.weight": [cfg.mlp_hidden, cfg.mlp_hidden]}
+    for key in [k for k in state if k.endswith(tuple(rows))]:
+        fused = next(f for f in rows if key.endswith(f))
+        layer = key[: -len(fused)]
+        for name, part in zip(UNFUSED_PROJECTIONS[fused], state.pop(key).split(rows[fused])):
+            state[layer + name] = part
+    return state
+
+
+def model_from_checkpoint(ckpt, device="cpu"):
+    """Builds the GPT of a checkpoint dict; strips torch.compile's '_orig_mod.' prefix and fuses the
+    projections of checkpoints written before q/k/v and gate/up were fused."""
+    known = {f.name for f in fields(GPTConfig)}
+    prefix = "_orig_mod."
+    try:
+        model = GPT(GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in known}))
+        model.load_state_dict(fuse_projections({k[len(prefix):] if k.startswith(prefix) else k: v for k, v in ckpt["model"].items()}))
+    except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as e:
+        reason = str(e).strip().split("\n")[0][:200]
+        raise ValueError(f"the checkpoint holds no loadable model ({type(e).__name__}: {reason}); "
+                         f"use a checkpoint written by train.py or fold.py") from None
+    return model.to(device)
