@@ -2,10 +2,11 @@
 The paper's ablations in miniature. Every variant gets the same steps, data, LR schedule and seeds; a
 seed fixes the init and every batch, so variants are compared seed by seed (paired differences).
 
-    python ablate.py sweep            # recall KV-budget sweep: 8 variants x 2 points x 10 seeds of token-level MQAR
-                                      #   (160 runs of 60-120 s, 2 at a time: 1 h 49 min on the 2-core CPU)
+    python ablate.py sweep            # recall KV-budget sweep: 10 variants x 2 points x 10 seeds of token-level MQAR
+                                      #   (runs of 60-120 s, 2 at a time; the 8 GQA/VHA variants alone, 160 runs: 1 h 49 min
+                                      #   on the 2-core CPU; mla and mfa add 40 runs of the same size)
     python ablate.py sweep --quick    # 4 variants x 2 points x 2 seeds, 600 steps: a pipeline check (6 min)
-    python ablate.py                  # LM grid: 9 variants x 3 seeds on shakespeare_char, val loss (~50 min here)
+    python ablate.py                  # LM grid: 11 variants x 3 seeds on shakespeare_char, val loss (~50 min for the first 9)
     python ablate.py --quick          # LM grid, 3 variants x 2 seeds, 200 steps: a pipeline check
     python ablate.py --size=gpu       # one GPU: GQA-8, same-deploy GQA and VHA at 120M on FineWeb-Edu, 2 seeds (~9 h, H100)
     python ablate.py report           # rebuild the LM grid's tables and plot from its finished runs

@@ -1,7 +1,7 @@
 """
 Benchmarks for nanoVHA (nanoGPT's bench.py role). Three modes:
 
-    python bench_decode.py --plot=decode.png       # decode: MHA, GQA-8/4/2, MQA and a folded VHA vs context
+    python bench_decode.py --plot=decode.png       # decode: MHA, GQA-8/4/2, MQA, a folded VHA, MLA and MFA vs context
     python bench_decode.py --variants=mha,gqa2,vha_folded --contexts=1024,4096,16384
     python bench_decode.py --ckpt=out-vha-small/ckpt.pt   # add a trained checkpoint (a VHA one is folded first)
     python bench_decode.py --mode=train            # training tokens/s: VHA vs GQA-8 vs same-deploy GQA

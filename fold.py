@@ -192,8 +192,8 @@ def hf_name(name):
 
 def hf_export_problem(cfg):
     """Why cfg (a plain GQA config) cannot be written as an exact Qwen3 model, or None."""
-    if cfg.attn != "gqa":
-        return f"attn={cfg.attn!r} is not a Qwen3 attention: only plain GQA/MHA (a folded VHA included) exports as Qwen3ForCausalLM"
+    if cfg.attn in ("mla", "mfa"):
+        return f"attn={cfg.attn!r} is not a Qwen3 attention: only plain GQA/MHA and VHA (folded first) export as Qwen3ForCausalLM"
     if not cfg.qk_norm:
         return ("Qwen3 always applies QK-norm (q_norm/k_norm), but this model was trained with qk_norm=False: "
                 "its Qwen3 export would compute something else; export only works for qk_norm=True models")

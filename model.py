@@ -127,7 +127,8 @@ class Attention(nn.Module):
     projections -> premix -> QK-norm -> RoPE -> causal attention -> postmix -> W_o.
     attn="mfa" (multi-matrix factorization attention, StepFun's MFA as Step-3 ships it) is GQA with few KV
     heads of a large head_dim and a low-rank query: q = RMSNorm(x W_qa) W_qb (rank q_rank, W_qa fused into
-    qkv_proj), so many query heads cost D*r + r*H*d weights instead of D*H*d."""
+    qkv_proj), so many query heads cost D*r + r*H*d weights instead of D*H*d. This is plain MFA, not the paper's
+    key-reuse variant (MFA-KR, values partly built from keys): Step-3 ships the plain form."""
 
     def __init__(self, cfg):
         super().__init__()

@@ -37,7 +37,9 @@ def test_demo_and_ablations_state_their_kv_bytes(ablation):
     assert stated, f"{paths[-1]} must state its KV cache in bytes per token (bf16)"
     model = model_of(settings)
     assert int(stated[0].replace(",", "")) == model.kv_bytes_per_token(torch.bfloat16)
-    assert model.cfg.n_kv_head == (8 if ablation and "4x_cache" in ablation else 2)
+    name = os.path.basename(ablation or "vha_small.py")[:-3]
+    assert model.cfg.n_kv_head == {"gqa_4x_cache": 8, "mla": 8, "mfa": 1}.get(name, 2)  # MLA: 8 up-projected; MFA: one wide head
+    assert model.cfg.attn == {"mla": "mla", "mfa": "mfa"}.get(name, model.cfg.attn)
     assert settings["out_dir"].startswith("out-")
 
 
@@ -71,3 +73,13 @@ def test_fineweb_twins_differ_only_in_attention_and_state_their_budget():
     smoke = load(FINEWEB["vha"], os.path.join(ROOT, "config", "fineweb", "smoke.py"))
     assert {k: smoke[k] for k in MODEL_KEYS if k in smoke} == {k: settings["vha"][k] for k in MODEL_KEYS if k in settings["vha"]}
     assert smoke["max_iters"] < settings["vha"]["max_iters"] / 10 and smoke["out_dir"] != settings["vha"]["out_dir"]
+
+
+def test_paper_shapes_cache_1kb_per_layer_except_gqa8():
+    for path in sorted(glob.glob(os.path.join(ROOT, "config", "paper_1p7b_*.py"))):
+        with torch.device("meta"):
+            m = GPT(GPTConfig(**{k: v for k, v in load(path).items() if k in MODEL_KEYS}, vocab_size=151936))
+        per_layer = m.kv_bytes_per_token(torch.bfloat16) // m.cfg.n_layer
+        assert per_layer == (4096 if path.endswith("gqa8.py") else 1024), (path, per_layer)
+        assert (m.cfg.n_layer, m.cfg.n_embd, m.cfg.mlp_hidden) == (28, 2048, 6144)
+    assert {"mla", "mfa"} <= {load(p)["attn"] for p in glob.glob(os.path.join(ROOT, "config", "paper_1p7b_*.py"))}

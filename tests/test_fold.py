@@ -183,6 +183,7 @@ def test_refusals_write_nothing(tmp_path):
     save_tiny(os.path.join(d, "gqa"), attn="gqa", n_head=8, n_kv_head=2)
     save_tiny(os.path.join(d, "silu"), attn="vha", n_head=8, n_kv_head=2, vha_postmix_act="silu")
     save_tiny(os.path.join(d, "noqk"), attn="vha", n_head=8, n_kv_head=2, qk_norm=False)
+    save_tiny(os.path.join(d, "mla"), attn="mla", n_head=8, n_kv_head=8, qk_norm=False)
     _, good = save_tiny(os.path.join(d, "vha"), attn="vha", n_head=8, n_kv_head=2)
     with open(good, "rb") as f:
         blob = f.read()
@@ -197,6 +198,7 @@ def test_refusals_write_nothing(tmp_path):
     why = refuse([f"--out_dir={d}/silu"], "SiLU postmix")
     assert "not linear" in why
     refuse([f"--out_dir={d}/noqk", f"--export_hf={d}/hf"], "QK-norm")
+    assert "no MLA attention" in refuse([f"--out_dir={d}/mla", f"--export_hf={d}/hf"], "nothing to fold: ")
     refuse([f"--out_dir={d}/vha", "--ckpt_name=missing.pt"], "not found")
     refuse([f"--out_dir={d}/vha", "--ckpt_name=truncated.pt"], "corrupt or truncated")
     refuse([f"--out_dir={d}/vha", "--ckpt_name=notes.pt"], "corrupt or truncated")

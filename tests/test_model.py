@@ -62,7 +62,7 @@ def test_shapes_and_head_counts(name):
     (dict(n_head=8, n_kv_head=3), "n_head % n_kv_head"),
     (dict(n_embd=60, n_head=8, n_kv_head=2), "n_embd % n_head"),
     (dict(n_head=8, n_kv_head=2, head_dim=7), "head_dim must be even"),
-    (dict(attn="mla"), "attn must be"),
+    (dict(attn="mqa"), "attn must be"),
     (dict(attn="vha", n_head=8, n_kv_head=2, vha_postmix_rank=9), "vha_postmix_rank must be in"),
     (dict(attn="vha", n_head=8, n_kv_head=2, vha_postmix_rank=0), "vha_postmix_rank must be in"),
     (dict(attn="vha", vha_premix=False, vha_postmix=False), "needs vha_premix or vha_postmix"),
