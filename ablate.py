@@ -103,7 +103,7 @@ SWEEP_VARIANTS = {
 }
 SWEEP_COMPARISONS = [("mha", "mqa"), ("mha", "gqa2"), ("gqa4", "gqa2"), ("mha", "gqa4"), ("gqa2", "mqa"), ("vha", "gqa2"),
                      ("vha", "gqa4"), ("vha", "mha"), ("vha", "gqa2_half_q"), ("premix_only", "gqa2"), ("postmix_only", "gqa2"),
-                     ("vha", "premix_only"), ("vha", "postmix_only"), ("vha", "mla"), ("vha", "mfa"), ("mla", "gqa2"), ("mfa", "gqa2")]
+                     ("vha", "premix_only"), ("vha", "postmix_only"), ("vha", "mla"), ("vha", "mfa"), ("mla", "gqa2"), ("mfa", "gqa2"), ("mla", "mha"), ("mfa", "mha"), ("mla", "mfa")]
 MODEL_KNOBS = ("n_head", "head_dim", "n_embd", "n_layer")  # what a sweep point may set besides task knobs
 # two-sided 5% critical values of Student's t for df = 1..30 (beyond 30 the df=30 value: slightly conservative)
 T_CRIT = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -235,13 +235,16 @@ def run_all(cfg, jobs, one, label):
 # ---- statistics: paired over shared seeds ----
 def paired(a, b):
     """a, b: {seed: value}. Differences a - b over the seeds both have -> (n, mean, SE, |t|, resolved):
-    resolved = the paired t-test rejects 'no difference' at 5% (two-sided), which needs n >= 2."""
+    resolved = the paired t-test rejects 'no difference' at 5% (two-sided), which needs n >= 2; with zero
+    spread (every seed the same difference), the exact sign test at 5% instead."""
     d = np.array([a[s] - b[s] for s in sorted(set(a) & set(b))], dtype=float)
     n = len(d)
     if n < 2:
         return n, float(d.mean()) if n else math.nan, math.nan, math.nan, False
     mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(n))
-    t = abs(mean) / se if se > 0 else (math.inf if mean else 0.0)
+    if se == 0:  # every seed gave the same difference: no spread to test against, so an exact sign test decides
+        return n, mean, se, (math.inf if mean else 0.0), mean != 0 and 2 * 0.5 ** n < 0.05  # all n same sign: needs n >= 6
+    t = abs(mean) / se
     return n, mean, se, t, t > T_CRIT[min(n - 1, len(T_CRIT)) - 1]
 
 

@@ -121,7 +121,8 @@ def test_paired_differences_and_their_test():
     assert t == pytest.approx(4.0) and not resolved  # df = 2 needs t > 4.303
     assert ablate.paired({1: 1.1, 2: 2.12, 3: 3.1}, {1: 1.0, 2: 2.0, 3: 3.0})[4]  # 0.1, 0.12, 0.1: t = 16
     assert ablate.paired({1: 1.0}, {1: 0.0})[:2] == (1, 1.0) and not ablate.paired({1: 1.0}, {1: 0.0})[4]
-    assert ablate.paired({1: 1.0, 2: 1.0}, {1: 0.0, 2: 0.0})[3:] == (float("inf"), True)  # every seed the same way
+    same = lambda n: ablate.paired({s: 1.0 for s in range(n)}, {s: 0.0 for s in range(n)})  # every seed the same difference
+    assert same(2)[3:] == (float("inf"), False) and not same(5)[4] and same(6)[4]  # exact sign test: 2 * 0.5**n < 0.05
     assert ablate.paired({1: 1.0, 2: 2.0}, {1: 1.0, 2: 2.0})[3:] == (0.0, False)
 
 

@@ -42,6 +42,8 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(char_data, tmp_path, at
     run("train.py", f"--out_dir={part}", "--max_iters=30", "--init_from=resume", *common)
     assert losses(read_log(part)) == losses(read_log(full))
     assert len([r for r in read_log(full) if "loss" in r]) == 30
+    sample = run("sample.py", f"--out_dir={part}", "--start=ROMEO:", "--max_new_tokens=12", "--temperature=0").stdout
+    assert sample.startswith("ROMEO:") and len(sample.split("\n---")[0]) >= 6 + 12  # every attention kind generates
 
 
 def test_unknown_key_and_bad_type_are_errors(char_data, tmp_path):
