@@ -48,14 +48,20 @@ def load_checkpoint(path, device="cpu"):
 # checkpoints written before the fused projections name each projection; their rows stack into the fused ones
 UNFUSED_PROJECTIONS = {"attn.qkv_proj.weight": ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight"),
                        "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+UNFUSED_Q = UNFUSED_PROJECTIONS["attn.qkv_proj.weight"][0]
+
+
+def is_unfused(key):
+    """Whether a state_dict key comes from a checkpoint written before the fusion (a separate q projection)."""
+    return key.endswith(UNFUSED_Q)
 
 
 def fuse_projections(state):
     """A state dict with separate q/k/v and gate/up projections -> the same weights under the fused names
     (rows concatenated in the fused order), so old checkpoints load exactly. Other entries pass through."""
     state = dict(state)
-    for key in [k for k in state if k.endswith(UNFUSED_PROJECTIONS["attn.qkv_proj.weight"][0])]:
-        layer = key[: -len(UNFUSED_PROJECTIONS["attn.qkv_proj.weight"][0])]  # 'blocks.3.'
+    for key in [k for k in state if is_unfused(k)]:
+        layer = key[: -len(UNFUSED_Q)]  # 'blocks.3.'
         for fused, parts in UNFUSED_PROJECTIONS.items():
             if all(layer + p in state for p in parts):
                 state[layer + fused] = torch.cat([state.pop(layer + p) for p in parts])
@@ -65,9 +71,8 @@ def fuse_projections(state):
 def split_projections(state, cfg):
     """The inverse of fuse_projections: fused q/k/v and gate/up rows back under the separate names (the
     layout Hugging Face's Qwen3 uses)."""
-    state, d = dict(state), cfg.head_dim
-    rows = {"attn.qkv_proj.weight": [cfg.n_q_proj * d, cfg.n_kv_head * d, cfg.n_kv_head * d],
-            "mlp.gate_up_proj.weight": [cfg.mlp_hidden, cfg.mlp_hidden]}
+    state = dict(state)
+    rows = {"attn.qkv_proj.weight": cfg.qkv_split, "mlp.gate_up_proj.weight": [cfg.mlp_hidden, cfg.mlp_hidden]}
     for key in [k for k in state if k.endswith(tuple(rows))]:
         fused = next(f for f in rows if key.endswith(f))
         layer = key[: -len(fused)]

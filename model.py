@@ -136,7 +136,7 @@ class Attention(nn.Module):
         d, D = cfg.head_dim, cfg.n_embd
         # q, k and v in one projection (nanoGPT's c_attn, gpt-fast's wqkv): one matrix-vector product per decoded
         # token instead of three. Rows: [W_q (H_p*d, the physical query heads); W_k (H_kv*d); W_v (H_kv*d)]
-        self.qkv_split = [cfg.q_rank or cfg.n_q_proj * d, cfg.n_kv_head * d, cfg.n_kv_head * d]
+        self.qkv_split = cfg.qkv_split  # [H_p*d (or q_rank), H_kv*d, H_kv*d]
         self.qkv_proj = nn.Linear(D, sum(self.qkv_split), bias=False)
         if cfg.q_rank:  # MFA: rows [W_qa; W_k; W_v] above, then q = RMSNorm(x W_qa) W_qb
             self.q_latent_norm = RMSNorm(cfg.q_rank, cfg.norm_eps)
@@ -264,7 +264,7 @@ class MLAttention(nn.Module):
         self.cfg = cfg
         H, d, dR, r, D = cfg.n_head, cfg.head_dim, cfg.mla_rope_dim, cfg.mla_kv_rank, cfg.n_embd
         # one projection from x, rows [W_q (H*(d+d_R)) or W_dq (q_rank); W_dkv (r); W_kR (d_R)]
-        self.qkv_split = [cfg.q_rank or H * (d + dR), r, dR]
+        self.qkv_split = cfg.qkv_split
         self.qkv_proj = nn.Linear(D, sum(self.qkv_split), bias=False)
         if cfg.q_rank:
             self.q_latent_norm = RMSNorm(cfg.q_rank, cfg.norm_eps)
@@ -427,6 +427,14 @@ class GPTConfig:
     n_q_proj = property(lambda self: self.n_head // self.n_kv_head if self.attn == "vha" else self.n_head)  # H_p (VHA)
     n_attn_head = property(lambda self: self.n_q_proj if (self.attn == "vha" and not self.vha_premix) else self.n_head)  # H_v
     rope_dim = property(lambda self: self.mla_rope_dim if self.attn == "mla" else self.head_dim)  # width RoPE rotates
+
+    @property
+    def qkv_split(self):
+        """Rows of the fused projection from x: [W_q or its low-rank W_qa; W_k; W_v], for MLA [W_q or W_dq; W_dkv; W_kR]."""
+        d = self.head_dim
+        if self.attn == "mla":
+            return [self.q_rank or self.n_head * (d + self.mla_rope_dim), self.mla_kv_rank, self.mla_rope_dim]
+        return [self.q_rank or self.n_q_proj * d, self.n_kv_head * d, self.n_kv_head * d]
     kv_values_per_token = property(lambda self: self.n_layer * ((self.mla_kv_rank + self.mla_rope_dim) if self.attn == "mla"
                                                                 else 2 * self.n_kv_head * self.head_dim))  # cached numbers
 
@@ -543,7 +551,7 @@ class GPT(nn.Module):
         c = self.cfg
         D, d, H = c.n_embd, c.head_dim, c.n_attn_head
         q_width = H * (d + c.mla_rope_dim) if c.attn == "mla" else c.n_q_proj * d  # query numbers per token
-        macs = D * sum(self.blocks[0].attn.qkv_split) + H * d * D + 3 * D * c.mlp_hidden  # fused projection, W_o, MLP
+        macs = D * sum(c.qkv_split) + H * d * D + 3 * D * c.mlp_hidden  # fused projection, W_o, MLP
         if c.q_rank:
             macs += c.q_rank * q_width  # q_up of the low-rank query (MLA, MFA)
         if c.attn == "mla":

@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import ConfigError, configure, resolve_device
 from data.recall import tasks as recall_tasks
-from checkpoint import fuse_projections, load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import is_unfused, load_checkpoint, model_from_checkpoint, save_checkpoint
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -179,7 +179,7 @@ if init_from == "resume":  # read the checkpoint first: a bad one fails before a
     missing = [k for k in ("optimizer", "iter_num", "best_val_loss", "meta") if k not in ckpt]
     need(not missing, f"cannot resume: {ckpt_path} has no {', '.join(missing)}: it is a model-only checkpoint "
          f"(e.g. folded), not one train.py wrote; start a new run with --init_from=scratch in another --out_dir")
-    need(fuse_projections(ckpt["model"]).keys() == ckpt["model"].keys(),
+    need(not any(map(is_unfused, ckpt["model"])),
          f"cannot resume {ckpt_path}: it was written before q/k/v and gate/up were fused into one projection each, so "
          f"its optimizer state does not match this model's parameters; sample.py, fold.py and bench_decode.py still load "
          f"it (converted on load), but to train on, start a new run (or an older checkout of the repo)")

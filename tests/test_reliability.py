@@ -316,10 +316,9 @@ def test_sample_from_a_bad_checkpoint(copy, case):
 
 def unfused(path):
     """Rewrites ckpt.pt as a checkpoint from before the fused projections: separate q/k/v and gate/up weights."""
-    from checkpoint import GPTConfig, fields, split_projections
+    from checkpoint import model_from_checkpoint, split_projections
     ckpt = torch.load(path, weights_only=False)
-    cfg = GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in {f.name for f in fields(GPTConfig)}})
-    ckpt["model"] = split_projections(ckpt["model"], cfg)
+    ckpt["model"] = split_projections(ckpt["model"], model_from_checkpoint(ckpt).cfg)
     torch.save(ckpt, path)
 
 
