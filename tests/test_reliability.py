@@ -3,6 +3,7 @@ A dead run costs at most the steps since its last checkpoint, and bad input is o
 Every case runs the real script in a subprocess, as a user would: real SIGKILLs (one inside a
 checkpoint write), a real divergence, a real failed write, real damaged files.
 """
+import json
 import os
 import random
 import re
@@ -74,12 +75,20 @@ def copy(trained, tmp_path):
 # crash safety and exact resume
 
 def last_iter(out):
-    """The last iteration in out/log.jsonl (rows start with {"iter": N, ...}), -1 before there is one."""
+    """The last iteration in out/log.jsonl, -1 before there is one. The file is read while train.py appends to
+    it, so a line that is not (yet) a whole JSON row is skipped here; the exactness check at the end reads the
+    finished log strictly."""
+    iters = [-1]
     try:
         with open(os.path.join(out, "log.jsonl")) as f:
-            return max((int(line[9:line.index(",")]) for line in f if line.endswith("}\n")), default=-1)
+            for line in f:
+                try:
+                    iters.append(json.loads(line)["iter"])
+                except (ValueError, KeyError, TypeError):
+                    pass
     except FileNotFoundError:
-        return -1
+        pass
+    return max(iters)
 
 
 def tmp_files(out):
