@@ -186,11 +186,19 @@ def write_json(path, obj):
     os.replace(path + ".tmp", path)  # a crash never leaves half a result (which would count as done)
 
 
+def same_run(a, b):
+    """Two train.py argvs that train the same run, wherever its results folder lives: --out_dir and --data_dir
+    are compared by their last names, so a results root that was moved or copied keeps its finished runs."""
+    where = lambda args: [x.split("=", 1)[0] + "=" + os.path.basename(x) if x.startswith(("--out_dir=", "--data_dir=")) else x
+                          for x in args]
+    return where(a) == where(b)
+
+
 def train(cfg, run_dir, args, iters):
     """Trains, resumes or reuses the train.py run in run_dir; returns (its log rows, a status note)."""
     args_path, ckpt_path = os.path.join(run_dir, "args.json"), os.path.join(run_dir, "ckpt.pt")
     recorded = read_json(args_path) if os.path.exists(args_path) else args
-    if recorded != args:  # results of other settings must never be mixed into one table
+    if not same_run(recorded, args):  # results of other settings must never be mixed into one table
         sys.exit(f"error: {run_dir} was started with other settings ({' '.join(recorded)}); use another out_root")
     os.makedirs(run_dir, exist_ok=True)
     write_json(args_path, args)
@@ -297,7 +305,7 @@ def run_lm(cfg, job):
     run_dir = os.path.abspath(os.path.join(cfg["out_root"], "runs", variant, f"seed{seed}"))
     result_path = os.path.join(run_dir, "result.json")
     args = lm_args(cfg, variant, seed, run_dir)
-    if os.path.exists(result_path) and read_json(result_path)["args"] == args:
+    if os.path.exists(result_path) and same_run(read_json(result_path)["args"], args):
         return "done before, skipped"
     t0 = time.time()
     rows, note = train(cfg, run_dir, args, cfg["lm_iters"])
@@ -474,7 +482,7 @@ def run_sweep_one(cfg, job):
     run_dir = os.path.abspath(os.path.join(cfg["sweep_root"], "runs", point[0], variant, f"seed{seed}"))
     result_path = os.path.join(run_dir, "result.json")
     args = sweep_args(cfg, point, variant, seed, run_dir, data_dir)
-    if os.path.exists(result_path) and read_json(result_path)["args"] == args:
+    if os.path.exists(result_path) and same_run(read_json(result_path)["args"], args):
         return "done before, skipped"
     t0 = time.time()
     rows, note = train(cfg, run_dir, args, cfg["sweep_iters"])

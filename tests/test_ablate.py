@@ -75,7 +75,7 @@ def test_half_finished_run_resumes_to_the_same_result(smoke, tmp_path, capsys):
     assert resumed["val_loss"] == done["val_loss"] and resumed["curve"] == done["curve"]
 
 
-def test_smoke_sweep_writes_results_and_folded_vha_scores_identically(sweep):
+def test_smoke_sweep_writes_results_and_folded_vha_scores_identically(sweep, tmp_path):
     root, out = sweep
     rows = ablate.read_json(root / "sweep.json")
     assert sorted((r["variant"], r["seed"]) for r in rows) == [("gqa2", 1337), ("gqa2", 1338), ("vha", 1337), ("vha", 1338)]
@@ -93,8 +93,23 @@ def test_smoke_sweep_writes_results_and_folded_vha_scores_identically(sweep):
     assert "2 of 2 give the same argmax" in report and os.path.getsize(root / "sweep.png") > 1000
     with open(root / "sweep.csv") as f:
         assert len(list(csv.DictReader(f))) == 4
-    again = run("ablate.py", "sweep", "--smoke", f"--sweep_root={root}", env={**ENV, "MPLCONFIGDIR": str(root / "mpl")})
+    moved = shutil.copytree(root, tmp_path / "moved")  # a results root moved elsewhere keeps its finished runs
+    again = run("ablate.py", "sweep", "--smoke", f"--sweep_root={moved}", env={**ENV, "MPLCONFIGDIR": str(moved / "mpl")})
     assert again.stdout.count("done before, skipped") == 4
+    assert ablate.read_json(moved / "sweep.json") == rows
+
+
+def test_a_moved_run_is_the_same_run_but_other_settings_are_refused(tmp_path):
+    args = ["config/recall_mqar.py", "--data_dir=/a/data/mqar_n_keys64_1f2e", "--out_dir=/a/runs/p/vha/seed1337", "--seed=1337"]
+    assert ablate.same_run(args, [x.replace("/a/", "/b/c/") for x in args])
+    assert not ablate.same_run(args, args[:-1] + ["--seed=1338"])
+    assert not ablate.same_run(args, [args[0], "--data_dir=/a/data/mqar_n_keys128_1f2e", *args[2:]])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ablate.write_json(str(run_dir / "args.json"), args)
+    with pytest.raises(SystemExit, match="was started with other settings"):
+        ablate.train({"threads": 1}, str(run_dir), args[:-1] + ["--seed=1338"], 1)
+    assert ablate.read_json(run_dir / "args.json") == args  # the record of the finished run is untouched
 
 
 def test_bad_input_is_a_one_line_error():
