@@ -427,6 +427,8 @@ class GPTConfig:
     n_q_proj = property(lambda self: self.n_head // self.n_kv_head if self.attn == "vha" else self.n_head)  # H_p (VHA)
     n_attn_head = property(lambda self: self.n_q_proj if (self.attn == "vha" and not self.vha_premix) else self.n_head)  # H_v
     rope_dim = property(lambda self: self.mla_rope_dim if self.attn == "mla" else self.head_dim)  # width RoPE rotates
+    kv_values_per_token = property(lambda self: self.n_layer * ((self.mla_kv_rank + self.mla_rope_dim) if self.attn == "mla"
+                                                                else 2 * self.n_kv_head * self.head_dim))  # cached numbers
 
     @property
     def qkv_split(self):
@@ -435,8 +437,6 @@ class GPTConfig:
         if self.attn == "mla":
             return [self.q_rank or self.n_head * (d + self.mla_rope_dim), self.mla_kv_rank, self.mla_rope_dim]
         return [self.q_rank or self.n_q_proj * d, self.n_kv_head * d, self.n_kv_head * d]
-    kv_values_per_token = property(lambda self: self.n_layer * ((self.mla_kv_rank + self.mla_rope_dim) if self.attn == "mla"
-                                                                else 2 * self.n_kv_head * self.head_dim))  # cached numbers
 
 
 class GPT(nn.Module):
