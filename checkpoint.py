@@ -2,7 +2,7 @@
 nanoVHA checkpoints: written atomically, loaded with clear errors, in one place (model.py stays the model).
 
 A checkpoint is a dict with "model" (state_dict) and "model_args" (GPTConfig fields); train.py adds the
-optimizer, iteration and dataset meta. Checkpoints from before the fused projections load too.
+optimizer, iteration and dataset meta. Checkpoints from before the fused projections or the padded vocab load too.
 """
 import os
 import tempfile
@@ -81,14 +81,36 @@ def split_projections(state, cfg):
     return state
 
 
+VOCAB_ROWS = ("embed.weight", "lm_head.weight")  # the weights with one row per token id
+
+
+def is_unpadded(ckpt):
+    """Whether a checkpoint was written before the vocab padding: its embedding has exactly vocab_size rows,
+    fewer than GPTConfig.padded_vocab (a vocab that is a multiple of 64 has nothing to pad)."""
+    v = ckpt["model_args"].get("vocab_size")
+    return any(k.endswith(VOCAB_ROWS[0]) and t.size(0) == v != GPTConfig(vocab_size=v).padded_vocab for k, t in ckpt["model"].items())
+
+
+def pad_vocab(state, cfg):
+    """embed/lm_head with cfg.vocab_size rows (written before the padding) -> cfg.padded_vocab rows, the new ones
+    zero: exact, since a padded row is never looked up and its logit is sliced off. Other entries pass through."""
+    state = dict(state)
+    for key in VOCAB_ROWS:
+        if key in state and state[key].size(0) == cfg.vocab_size < cfg.padded_vocab:
+            state[key] = torch.cat([state[key], state[key].new_zeros(cfg.padded_vocab - cfg.vocab_size, state[key].size(1))])
+    return state
+
+
 def model_from_checkpoint(ckpt, device="cpu"):
-    """Builds the GPT of a checkpoint dict; strips torch.compile's '_orig_mod.' prefix and fuses the
-    projections of checkpoints written before q/k/v and gate/up were fused."""
+    """Builds the GPT of a checkpoint dict; strips torch.compile's '_orig_mod.' prefix, fuses the projections
+    of checkpoints written before q/k/v and gate/up were fused and pads the vocab rows of those written before
+    the padding."""
     known = {f.name for f in fields(GPTConfig)}
     prefix = "_orig_mod."
     try:
-        model = GPT(GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in known}))
-        model.load_state_dict(fuse_projections({k[len(prefix):] if k.startswith(prefix) else k: v for k, v in ckpt["model"].items()}))
+        model = GPT(cfg := GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in known}))
+        state = fuse_projections({k[len(prefix):] if k.startswith(prefix) else k: v for k, v in ckpt["model"].items()})
+        model.load_state_dict(pad_vocab(state, cfg))
     except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as e:
         reason = str(e).strip().split("\n")[0][:200]
         raise ValueError(f"the checkpoint holds no loadable model ({type(e).__name__}: {reason}); "

@@ -23,7 +23,7 @@ import torch
 
 from configurator import ConfigError, configure
 from data.common import gpt2_encoding
-from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
+from checkpoint import VOCAB_ROWS, load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
 from model import GPT
 
 # -----------------------------------------------------------------------------
@@ -242,6 +242,8 @@ def write_hf(model, folder, meta, source):
     from safetensors.torch import save_file
     c = model.cfg
     state = split_projections(model.state_dict(), c)  # Qwen3 names q/k/v and gate/up separately
+    for name in VOCAB_ROWS:  # our padded rows stay behind: the export has the tokenizer's vocab_size rows
+        state[name] = state[name][:c.vocab_size]
     tensors = {hf_name(n): p.detach().float().cpu().contiguous() for n, p in state.items()
                if not (c.tie_embeddings and n == "lm_head.weight")}  # tied: HF re-ties lm_head to embed_tokens
     config = {
@@ -260,7 +262,7 @@ def write_hf(model, folder, meta, source):
     generation = {"max_length": c.block_size, **({"bos_token_id": eot, "eos_token_id": eot} if eot is not None else {})}
     kv = model.kv_bytes_per_token(torch.bfloat16)
     card = (f"# {os.path.basename(os.path.abspath(folder))}\n\nA {c.n_layer}-layer Qwen3-style model "
-            f"({model.num_params():,} parameters) written by nanoVHA's fold.py from `{source['ckpt']}`"
+            f"({sum(t.numel() for t in tensors.values()):,} parameters) written by nanoVHA's fold.py from `{source['ckpt']}`"
             f"{' (dataset: ' + meta['source'] + ')' if meta and meta.get('source') else ''}.\n\n"
             + (f"It was trained as **Virtual Head Attention**: {source['n_q_proj']} physical query projections, a Q premix "
                f"into {c.n_head} virtual heads and a linear postmix `I + V U^T` over heads. Both maps are linear and were "

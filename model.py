@@ -18,6 +18,7 @@ Both maps are linear, so after training they fold into W_q and W_o (see GPT.fold
 the deployed model is a plain GQA model with n_head=H_v, n_kv_head=H_kv.
 """
 import math
+import zlib
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -104,6 +105,24 @@ def grouped_decode_attention(q, k, v, visible=None):
         scores = scores.masked_fill(~visible, float("-inf"))
     out = scores.softmax(dim=-1) @ v  # (B, H_kv, group, hd)
     return out.view(B, H_q, 1, hd)
+
+
+def kv_expand_needed(device_type, dtype, H_q, H_kv):
+    """True only for grouped heads in float32 on CUDA, where no fused SDPA kernel takes enable_gqa."""
+    return device_type == "cuda" and dtype == torch.float32 and H_q != H_kv
+
+
+def sdpa(q, k, v, is_causal=False, dropout_p=0.0, expand_kv=None):
+    """F.scaled_dot_product_attention over grouped heads: q (B, H_q, Tq, hd), k/v (B, H_kv, Tk, hd) -> (B, H_q, Tq, hd).
+    expand_kv=None decides by device and (autocast) dtype; True/False forces it (the tests run the CUDA branch on CPU)."""
+    if expand_kv is None:
+        dtype = torch.get_autocast_dtype("cuda") if q.is_cuda and torch.is_autocast_enabled("cuda") else q.dtype
+        expand_kv = kv_expand_needed(q.device.type, dtype, q.size(1), k.size(1))
+    # SPECIAL CASE, fp32 on CUDA: expand, else GQA runs the math path (flash/cuDNN: fp16/bf16 only; mem-efficient: no GQA, pytorch#139586)
+    if expand_kv:
+        group = q.size(1) // k.size(1)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H_q, Tk, hd): head j reads j // group
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, dropout_p=dropout_p, enable_gqa=not expand_kv)
 
 
 def fold_premix(W_q, P):
@@ -228,8 +247,7 @@ class Attention(nn.Module):
             a = plain_attention(q, k, v)
         else:  # prefill starts at 0 and training has no cache, so the causal mask is the square one
             assert start_pos in (None, 0) or T == 1, "multi-token steps after prefill are not supported"
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, enable_gqa=True,
-                                               dropout_p=cfg.dropout if self.training else 0.0)
+            a = sdpa(q, k, v, is_causal=T > 1, dropout_p=cfg.dropout if self.training else 0.0)  # (B, H, T, d)
         # training: fold M into W_o once per call (D*H*H*d MACs), W_o (M a) = (W_o M) a, instead of mixing
         # every token's heads; decoding one token, the SiLU ablation and health recording mix explicitly
         fold_into_o = cfg.has_postmix and cfg.vha_postmix_act == "linear" and start_pos is None and not self.record_postmix
@@ -421,11 +439,12 @@ class GPTConfig:
             need(1 <= self.vha_postmix_rank <= self.n_attn_head,
                  f"vha_postmix_rank must be in [1, {self.n_attn_head}] (the heads it mixes), got {self.vha_postmix_rank}")
 
-    # derived: which VHA pieces are on, physical q projections H_p, and the query heads that attend
+    # derived: which VHA pieces are on, physical q projections H_p, the query heads that attend, the padded vocab
     has_premix = property(lambda self: self.attn == "vha" and self.vha_premix)
     has_postmix = property(lambda self: self.attn == "vha" and self.vha_postmix)
     n_q_proj = property(lambda self: self.n_head // self.n_kv_head if self.attn == "vha" else self.n_head)  # H_p (VHA)
     n_attn_head = property(lambda self: self.n_q_proj if (self.attn == "vha" and not self.vha_premix) else self.n_head)  # H_v
+    padded_vocab = property(lambda self: 64 * -(-self.vocab_size // 64))  # embed/lm_head rows: 64 * ceil(V / 64): 50257 -> 50304, 65 -> 128
     rope_dim = property(lambda self: self.mla_rope_dim if self.attn == "mla" else self.head_dim)  # width RoPE rotates
     kv_values_per_token = property(lambda self: self.n_layer * ((self.mla_kv_rank + self.mla_rope_dim) if self.attn == "mla"
                                                                 else 2 * self.n_kv_head * self.head_dim))  # cached numbers
@@ -443,17 +462,38 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        seed = int(torch.randint(2**62, (1,), device="cpu"))  # first: after torch.manual_seed(s) every variant draws this seed
+        self.embed = nn.Embedding(cfg.padded_vocab, cfg.n_embd)  # padded_vocab rows (a multiple of 64): the LM head's N is aligned
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
-        for name, p in self.named_parameters():  # GPT-2 init; premix/postmix/norms keep their own
-            if p.dim() == 2 and "postmix" not in name:
-                std = 0.02 / math.sqrt(2 * cfg.n_layer) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
-                torch.nn.init.normal_(p, mean=0.0, std=std)
+        self.init_weights(seed)
+        for w in (self.embed.weight, self.lm_head.weight):  # padded rows: 0 (as old checkpoints are padded on load), and they
+            torch.nn.init.zeros_(w[cfg.vocab_size:])  # stay 0: never looked up, logits sliced off (no gradient), decay keeps 0
+
+    @torch.no_grad()
+    def init_weights(self, seed):
+        """GPT-2 init, N(0, 0.02) (o_proj, down_proj: 0.02 / sqrt(2 n_layer)); premix/postmix/norms keep their own. Each
+        parameter, and each head's rows of qkv_proj and columns of o_proj, draws from a generator seeded by (seed, its
+        name): variants built from one seed share every block whose name and shape agree (embeddings, MLPs, the KV heads
+        they have in common, W_o of the same heads), so a paired comparison does not also compare initialisations."""
+        d = self.cfg.head_dim
+        for name, p in self.named_parameters():
+            if p.dim() != 2 or "postmix" in name or p.is_meta:
+                continue
+            std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            parts = {"": p}  # block label -> the rows (or columns) it initialises
+            if name.endswith("attn.qkv_proj.weight"):  # rows [W_q; W_k; W_v]: head h of each is block "q.h", "k.h", "v.h"
+                parts = {f"{'qkv'[j]}.{h}": rows for j, part in enumerate(p.split(self.cfg.qkv_split))
+                         for h, rows in enumerate(part.split(d) if part.size(0) % d == 0 else [part])}
+            elif name.endswith("attn.o_proj.weight"):  # columns: head h is block "o.h"
+                parts = {f"o.{h}": cols for h, cols in enumerate(p.split(d, dim=1))}
+            for label, part in parts.items():
+                gen = torch.Generator().manual_seed((seed + zlib.crc32(f"{name}/{label}".encode())) % 2**63)
+                part.copy_(torch.randn(part.shape, generator=gen) * std)
 
     def num_params(self, non_embedding=False):
         n = sum(p.numel() for p in self.parameters())  # tied weights are counted once
@@ -465,7 +505,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, start_pos=None):
         """idx (B, T) -> (logits, mean cross-entropy or None).
-        start_pos=None: a whole sequence from position 0 (training, eval); logits (B, T, vocab).
+        start_pos=None: a whole sequence from position 0 (training, eval); logits (B, T, vocab), vocab = cfg.vocab_size.
         start_pos=int: positions start_pos.. through the KV cache (setup_cache first); a (1,) long tensor
         decodes one token with static shapes (for torch.compile / CUDA graphs). Logits (B, 1, vocab):
         generation only reads the last position."""
@@ -487,11 +527,12 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin, start_pos)
         x = self.norm(x if start_pos is None else x[:, -1:])  # (B, T or 1, D)
-        logits = self.lm_head(x)
+        # the matmul runs at the padded N; keeping the real columns is exact and free (a view; a -inf mask costs a write)
+        logits = self.lm_head(x)[..., :self.cfg.vocab_size]  # (B, T, padded_vocab) -> (B, T, vocab_size): no caller sees a padded id
         loss = None
         if targets is not None:
             logits_f = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: loss in fp32
-            loss = F.cross_entropy(logits_f.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits_f.reshape(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
     # ---- generation with a preallocated KV cache (gpt-fast style) ----
@@ -547,7 +588,8 @@ class GPT(nn.Module):
         """Convention: forward = 2 x MACs of every matmul (lm_head, premix, postmix included)
         + causal attention 2 * n_attn_head * head_dim * T per layer (QK^T and AV over T/2 keys on
         average; MLA: QK^T over d + d_R, AV over d); training = 3 x forward. MLA counts its training form
-        (keys and values up-projected, the naive path); its absorbed decode does other work per token."""
+        (keys and values up-projected, the naive path); its absorbed decode does other work per token.
+        The LM head counts padded_vocab rows, what the matmul runs (num_params counts the padded rows too)."""
         c = self.cfg
         D, d, H = c.n_embd, c.head_dim, c.n_attn_head
         q_width = H * (d + c.mla_rope_dim) if c.attn == "mla" else c.n_q_proj * d  # query numbers per token
@@ -561,7 +603,7 @@ class GPT(nn.Module):
         if c.has_postmix:
             macs += 2 * H * c.vha_postmix_rank * d  # U^T then V
         attention = H * (2 * d + c.mla_rope_dim) * T if c.attn == "mla" else 2 * H * d * T  # FLOPs per layer
-        fwd = c.n_layer * (2 * macs + attention) + 2 * D * c.vocab_size
+        fwd = c.n_layer * (2 * macs + attention) + 2 * D * c.padded_vocab
         return 3 * fwd if training else fwd
 
     def kv_bytes_per_token(self, dtype=torch.bfloat16):

@@ -41,6 +41,7 @@ def test_fold_is_exact_for_every_rank(n_kv_head, qk_norm):
         assert (gqa.cfg.attn, gqa.cfg.n_head, gqa.cfg.n_kv_head) == ("gqa", 8, n_kv_head)
         assert not any("mix" in name for name in gqa.state_dict())
         assert gqa.kv_bytes_per_token() == vha.kv_bytes_per_token()
+        assert gqa.lm_head.weight.shape == vha.lm_head.weight.shape == (64, 64)  # the fold keeps the padded vocab (37 -> 64)
         assert logits_gap(vha, gqa) <= 1e-10, (n_kv_head, qk_norm, rank)
 
 
@@ -252,17 +253,21 @@ HF_MODELS = {
 def test_hf_export_gives_the_same_logits(name, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     transformers = pytest.importorskip("transformers", reason="the HF round trip needs transformers (pip install transformers)")
-    pytest.importorskip("safetensors", reason="the HF export needs safetensors (pip install safetensors)")
+    safetensors_torch = pytest.importorskip("safetensors.torch", reason="the HF export needs safetensors (pip install safetensors)")
     kw = dict(HF_MODELS[name], n_embd=64, head_dim=24, rope_theta=5000.0, norm_eps=1e-5)  # head_dim != n_embd / n_head
     ours, _ = save_tiny(str(tmp_path), **kw)
     fold.main([f"--out_dir={tmp_path}", f"--export_hf={tmp_path}/hf", "--gen_tokens=10"])
     assert sorted(os.listdir(tmp_path / "hf")) == ["README.md", "config.json", "generation_config.json", "model.safetensors"]
     hf = transformers.Qwen3ForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
     assert (hf.config.num_attention_heads, hf.config.head_dim) == (ours.cfg.n_attn_head, 24)
+    # our vocab 37 is padded to 64 rows; the export has exactly the tokenizer's 37
+    tensors = safetensors_torch.load_file(str(tmp_path / "hf" / "model.safetensors"))
+    assert ours.lm_head.weight.size(0) == 64 and hf.config.vocab_size == 37 and tensors["model.embed_tokens.weight"].shape == (37, 64)
+    assert hf.get_input_embeddings().weight.shape == hf.get_output_embeddings().weight.shape == (37, 64)
     x = torch.randint(0, 37, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want, got = ours(x)[0], hf(x).logits  # ours: the unfolded model, when it is VHA
-    assert want.abs().max() > 0.5  # big enough for a wrong layer to show
+    assert want.shape == got.shape == (2, 40, 37) and want.abs().max() > 0.5  # big enough for a wrong layer to show
     assert (want - got).abs().max() <= 1e-4
     assert ("nothing to fold" in capsys.readouterr().out) == (ours.cfg.attn == "gqa")
 
@@ -318,6 +323,8 @@ def test_hf_folder_tokenizes_and_generates_like_sample_py(kind, tmp_path, monkey
     # greedy: transformers on the export == sample.py on the (unfolded VHA) checkpoint
     prompt, n = "ROMEO:", 24
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    padded = model_from_checkpoint(load_checkpoint(os.path.join(str(tmp_path), "ckpt.pt"))).lm_head.weight.size(0)
+    assert hf.config.vocab_size == meta["vocab_size"] < padded and padded % 64 == 0  # greedy text below: with the padding dropped
     ids = tok(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
         out = hf.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)[0].tolist()
@@ -334,3 +341,24 @@ def test_hf_export_of_a_recall_model_says_why_there_is_no_tokenizer(tmp_path, ca
     hf_dir = export_with_meta(str(tmp_path), {"tokenizer": "rows", "vocab_size": 40, "rows": {"task": "mqar"}}, 40)
     assert "tokenizer.json" not in os.listdir(hf_dir)
     assert "no text tokenizer" in capsys.readouterr().out and "no tokenizer (" in open(os.path.join(hf_dir, "README.md")).read()
+
+
+def test_a_checkpoint_from_before_the_padding_folds_and_exports(tmp_path, monkeypatch):
+    """An old checkpoint (embed/lm_head with only the vocab's 37 rows) is padded on load, folds exactly, keeps
+    the padding in the folded checkpoint, and exports with the 37 rows and our logits."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    ours, path = save_tiny(str(tmp_path), attn="vha", n_head=4, n_kv_head=2, tie_embeddings=False)
+    ckpt = load_checkpoint(path)
+    ckpt["model"] = {k: v[:37] if k in ("embed.weight", "lm_head.weight") else v for k, v in ckpt["model"].items()}
+    save_checkpoint(ckpt, path)
+    fold.main([f"--out_dir={tmp_path}", f"--export_hf={tmp_path}/hf", "--gen_tokens=10"])  # exits unless the fold is exact
+    folded = model_from_checkpoint(load_checkpoint(str(tmp_path / "ckpt_folded.pt")))
+    assert folded.lm_head.weight.shape == (64, 64) and torch.count_nonzero(folded.lm_head.weight[37:]) == 0
+    hf = transformers.Qwen3ForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    assert hf.config.vocab_size == 37 and hf.get_output_embeddings().weight.shape == (37, 64)
+    x = torch.randint(0, 37, (2, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (ours(x)[0] - hf(x).logits).abs().max() <= 1e-4
+        assert torch.equal(ours.generate(x[:1, :5], 10, temperature=0), hf.generate(x[:1, :5], max_new_tokens=10, do_sample=False,
+                                                                               min_new_tokens=10))

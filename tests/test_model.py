@@ -1,11 +1,12 @@
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from checkpoint import fuse_projections, split_projections
-from model import GPT, GPTConfig, grouped_decode_attention, plain_attention
+from checkpoint import fuse_projections, is_unpadded, model_from_checkpoint, split_projections
+from model import GPT, GPTConfig, grouped_decode_attention, plain_attention, rope_cos_sin
 
 VARIANTS = {
     "mha": dict(attn="gqa", n_head=8, n_kv_head=8),
@@ -192,12 +193,13 @@ def test_cost_accounting_by_hand():
     attn_flops = 2 * 8 * d * T
     gqa_macs = D * d * (8 + 4) + 8 * d * D + 3 * D * 96
     vha_macs = D * d * (4 + 4) + 8 * d * D + 3 * D * 96 + 8 * d * d + 2 * 8 * 2 * d
-    assert gqa.flops_per_token(T) == 3 * (2 * gqa_macs + attn_flops) + 2 * D * 100
-    assert vha.flops_per_token(T) == 3 * (2 * vha_macs + attn_flops) + 2 * D * 100
+    lm_head = 2 * D * 128  # vocab 100 runs padded to 128 = 64 * ceil(100 / 64) rows
+    assert gqa.flops_per_token(T) == 3 * (2 * gqa_macs + attn_flops) + lm_head
+    assert vha.flops_per_token(T) == 3 * (2 * vha_macs + attn_flops) + lm_head
     assert vha.flops_per_token(T, training=True) == 3 * vha.flops_per_token(T)
     assert gqa.kv_bytes_per_token(torch.bfloat16) == 3 * 2 * 2 * 8 * 2
     assert gqa.kv_bytes_per_token(torch.float32) == 2 * gqa.kv_bytes_per_token(torch.bfloat16)
-    n_embed = 100 * 64
+    n_embed = 128 * 64  # the padded rows are parameters too
     assert gqa.num_params() - gqa.num_params(non_embedding=True) == n_embed  # tied: counted once
     per_layer_extra = 2 * d * d + 2 * 8 * 2 - 4 * d * D  # premix + U, V - the 4 missing q heads
     assert vha.num_params() - gqa.num_params() == 3 * per_layer_extra
@@ -245,3 +247,90 @@ def test_decode_layout_changes_memory_order_only():
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     assert torch.allclose(model(x)[0], logits, rtol=0, atol=1e-12)
     assert torch.equal(model.generate(x, 6, temperature=0), before)
+
+
+# ---- the vocab is padded to a multiple of 64 inside the model; callers only ever see the tokenizer's ids ----
+@pytest.mark.parametrize("vocab, padded", [(37, 64), (64, 64), (65, 128), (50257, 50304)])  # 50257: GPT-2 BPE
+@pytest.mark.parametrize("tied", [True, False])
+def test_padded_rows_exist_but_no_padded_id_is_ever_returned(vocab, padded, tied):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=vocab, block_size=16, n_layer=1, n_embd=16, n_head=2, n_kv_head=1, tie_embeddings=tied)).eval()
+    assert model.cfg.padded_vocab == padded and model.cfg.vocab_size == vocab
+    assert model.embed.weight.shape == model.lm_head.weight.shape == (padded, 16)
+    assert torch.count_nonzero(model.lm_head.weight[vocab:]) == 0 and torch.count_nonzero(model.lm_head.weight[:vocab]) > 0
+    with torch.no_grad():  # padded rows that would win every argmax and take all the probability, were they not sliced off
+        model.lm_head.weight[vocab:] = 1e3 * torch.randn(padded - vocab, 16)
+    x = torch.randint(0, vocab, (2, 6))
+    logits, loss = model(x, x)
+    assert logits.shape == (2, 6, vocab) and torch.isfinite(loss)
+    model.setup_cache(2, 8)
+    assert model.prefill(x).shape == model.decode_one_token(x[:, :1], 6).shape == (2, vocab)
+    for temperature, top_k in ((0, None), (1.0, None), (1.0, 3)):
+        out = model.generate(x, 8, temperature=temperature, top_k=top_k, generator=torch.Generator().manual_seed(0))
+        assert int(out.max()) < vocab
+
+
+def unpadded_reference(model, idx):
+    """The model without padding, by hand: embedding and LM head from the first vocab_size rows only. -> (B, T, vocab)"""
+    V, c = model.cfg.vocab_size, model.cfg
+    cos, sin = rope_cos_sin(torch.arange(idx.size(1)), c.rope_dim, c.rope_theta, model.embed.weight.dtype)
+    x = model.embed.weight[:V][idx]  # (B, T, D): a (V, D) table
+    for block in model.blocks:
+        x = block(x, cos, sin)
+    return model.norm(x) @ model.lm_head.weight[:V].t()  # (B, T, V)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_padded_logits_loss_and_gradients_equal_the_unpadded_model_float64(tied):
+    model = make(vocab_size=37, tie_embeddings=tied, **VARIANTS["vha"])  # scrambled: the padded rows are non-zero too
+    assert torch.count_nonzero(model.lm_head.weight[37:]) > 0
+    x, y = torch.randint(0, 37, (2, 2, 13)).unbind(0)
+    y[0, :4] = -1  # ignored targets stay ignored
+    logits, loss = model(x, y)
+    want = unpadded_reference(model, x)
+    assert logits.shape == want.shape == (2, 13, 37) and (logits - want).abs().max() < 1e-12
+    keep = y >= 0  # cross-entropy by hand over the 37 real ids: logsumexp - the target's logit
+    nll = want.logsumexp(-1) - want.gather(-1, y.clamp_min(0)[..., None])[..., 0]  # (B, T)
+    assert abs(loss.item() - nll[keep].mean().item()) < 1e-12
+    loss.backward()
+    for w in (model.embed.weight, model.lm_head.weight):  # never looked up, sliced off: no gradient
+        assert torch.count_nonzero(w.grad[37:]) == 0 and torch.count_nonzero(w.grad[:37]) > 0
+
+
+@pytest.mark.parametrize("name", ["gqa", "vha"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_checkpoint_from_before_the_padding_loads_with_the_same_logits(name, tied):
+    """Old checkpoints hold vocab_size rows of embed/lm_head (and separate projections, older still): zero rows
+    are added on load, and the logits are the same."""
+    model = make(dtype=torch.float32, vocab_size=37, tie_embeddings=tied, **VARIANTS[name])  # what checkpoints hold
+    V, x = 37, torch.randint(0, 37, (2, 11))
+    for old in (model.state_dict(), split_projections(model.state_dict(), model.cfg)):
+        old = {k: v[:V] if k in ("embed.weight", "lm_head.weight") else v for k, v in old.items()}
+        ckpt = {"model": old, "model_args": asdict(model.cfg)}
+        assert is_unpadded(ckpt) and not is_unpadded({"model": model.state_dict(), "model_args": asdict(model.cfg)})
+        loaded = model_from_checkpoint(ckpt).eval()
+        assert loaded.embed.weight.shape == loaded.lm_head.weight.shape == (64, 64)
+        assert torch.count_nonzero(loaded.lm_head.weight[V:]) == 0 and torch.equal(loaded.lm_head.weight[:V], model.lm_head.weight[:V])
+        assert torch.allclose(loaded(x)[0], model(x)[0], rtol=0, atol=1e-12)
+    assert not is_unpadded({"model": make(vocab_size=128, **VARIANTS["gqa"]).state_dict(), "model_args": {"vocab_size": 128}})  # nothing to pad
+
+
+def test_one_seed_gives_variants_the_same_init_where_shapes_agree():
+    """init_weights seeds each parameter and head block by name: MHA, GQA-2 and VHA built after the same
+    torch.manual_seed share the embedding, MLPs, the KV heads they have in common and W_o; another seed differs."""
+    def build(seed=100, **kw):
+        torch.manual_seed(seed)
+        return dict(GPT(GPTConfig(vocab_size=275, block_size=49, n_layer=2, n_embd=64, n_head=8, head_dim=8, **kw)).named_parameters())
+    mha, gqa2, vha = build(n_kv_head=8, attn="gqa"), build(n_kv_head=2, attn="gqa"), build(n_kv_head=2, attn="vha")
+    qkv = "blocks.1.attn.qkv_proj.weight"  # rows: q heads (8 or VHA's 4 physical), then k heads, then v heads, 8 rows each
+    for name in ("embed.weight", "blocks.0.mlp.gate_up_proj.weight", "blocks.1.mlp.down_proj.weight", "blocks.0.attn.o_proj.weight"):
+        assert torch.equal(mha[name], gqa2[name]) and torch.equal(vha[name], gqa2[name]), name
+    assert torch.equal(mha[qkv][64:80], gqa2[qkv][64:80])  # k heads 0, 1
+    assert torch.equal(vha[qkv][:32], gqa2[qkv][:32]) and torch.equal(vha[qkv][32:64], gqa2[qkv][64:96])  # q heads 0-3; k, v
+    assert not torch.equal(mha[qkv][64:72], mha[qkv][72:80])  # heads are not copies of each other
+    other = build(seed=101, n_kv_head=2, attn="gqa")
+    assert not torch.equal(other["embed.weight"], gqa2["embed.weight"])
+    torch.manual_seed(100)
+    a, b = GPT(GPTConfig(vocab_size=64, n_layer=1, n_embd=32, n_head=4, n_kv_head=2)), GPT(GPTConfig(vocab_size=64, n_layer=1, n_embd=32, n_head=4, n_kv_head=2))
+    assert not torch.equal(a.embed.weight, b.embed.weight)  # two models in a row still differ: the seed is drawn, not read
+    assert abs(gqa2["blocks.0.mlp.gate_up_proj.weight"].std().item() - 0.02) < 0.001

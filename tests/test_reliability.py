@@ -328,20 +328,30 @@ def unfused(path):
     from checkpoint import model_from_checkpoint, split_projections
     ckpt = torch.load(path, weights_only=False)
     ckpt["model"] = split_projections(ckpt["model"], model_from_checkpoint(ckpt).cfg)
+    assert "blocks.0.attn.q_proj.weight" in ckpt["model"]
     torch.save(ckpt, path)
 
 
-def test_a_checkpoint_from_before_the_fused_projections_samples_the_same_and_refuses_to_resume(char_data, copy):
+def unpadded(path):
+    """Rewrites ckpt.pt as a checkpoint from before the vocab padding: embed/lm_head with only vocab_size rows."""
+    ckpt = torch.load(path, weights_only=False)
+    V = ckpt["model_args"]["vocab_size"]
+    assert ckpt["model"]["embed.weight"].size(0) > V  # the tiny text's characters are not a multiple of 64
+    ckpt["model"] = {k: v[:V] if k in ("embed.weight", "lm_head.weight") else v for k, v in ckpt["model"].items()}
+    torch.save(ckpt, path)
+
+
+@pytest.mark.parametrize("old, refusal", [(unfused, "written before q/k/v and gate/up were fused"),
+                                          (unpadded, "written before the vocab was padded")], ids=["unfused", "unpadded"])
+def test_a_checkpoint_from_before_the_fused_projections_or_the_padding_samples_the_same_and_refuses_to_resume(char_data, copy, old, refusal):
     sample = ("sample.py", f"--out_dir={copy}", "--max_new_tokens=30", "--temperature=0", "--start=ROMEO:")
     def text(proc):  # the generated text, not the timing line
         return [line for line in ok(proc).stdout.splitlines() if "tok/s" not in line]
-    fused_text = text(run(*sample))
-    unfused(os.path.join(copy, "ckpt.pt"))
-    assert "q_proj" in "".join(torch.load(os.path.join(copy, "ckpt.pt"), weights_only=False)["model"])
-    assert text(run(*sample)) == fused_text  # converted on load: the same weights, the same tokens
+    new_text = text(run(*sample))
+    old(os.path.join(copy, "ckpt.pt"))
+    assert text(run(*sample)) == new_text  # converted on load: the same weights, the same tokens
     before = snapshot(copy)
-    fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume")),
-          "written before q/k/v and gate/up were fused", "start a new run")
+    fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume")), refusal, "start a new run")
     assert snapshot(copy) == before
 
 

@@ -4,10 +4,10 @@
 # Budget (the same in all three files of this folder):
 #   tokens/iter = 32 rows x 1024 tokens x 16 accumulation steps = 524,288 (nanoGPT's 0.5M)
 #   4,800 iterations x 524,288 = 2.52B tokens, ~20 tokens per parameter
-#   hours = tokens x training FLOPs/token / (MFU x peak). 130.6M parameters (GPT-2 vocab 50257) and
+#   hours = tokens x training FLOPs/token / (MFU x peak). 130.7M parameters (GPT-2 vocab 50257) and
 #   0.859 GFLOPs/token at T=1024 (model.py's accounting), so on one H100 (989 TFLOP/s dense bf16) at an
 #   assumed 40% MFU: 2.52e9 x 0.859e9 / (0.4 x 989e12) = 5,465 s, about 1.5 h.
-#   The 40% is the project's target, not a measurement: scripts/gpu_check.sh measures the real MFU.
+#   The 40% is the project's target, not a measurement: scripts/gpu_check.py measures the real MFU.
 # python data/fineweb_edu/prepare.py --num_tokens 2600000000   (once; about 5.2 GB of uint16)
 # python train.py config/fineweb/gqa_4x_cache.py               (config/fineweb/smoke.py after it: ~5 min check)
 out_dir = "out-fineweb-gqa-4x-cache"
