@@ -45,7 +45,7 @@ DEFAULTS = dict(
     config_dir="",  # "": config/vha_small.py + config/ablations/<variant>.py; else <config_dir>/<variant>.py alone
     model_args="",  # extra train.py overrides for every variant, e.g. "--n_layer=2 --n_embd=32"
     lm_dataset="shakespeare_char", lm_data_dir="",  # lm_data_dir: any folder with train.bin/val.bin/meta.pkl
-    dtype="",  # "": keep config/vha_small.py's (bfloat16)
+    dtype="",  # "": keep config/vha_small.py's (auto: bf16 where native, else fp32)
     # recall sweep: runs/<point>/<variant>/seed<N>/ + sweep.json, sweep.csv, sweep.md, sweep.png
     sweep_root="out-sweep", sweep_seeds=10, task="mqar",
     sweep_variants="mha,gqa4,gqa2,gqa2_half_q,mqa,vha,premix_only,postmix_only",  # "all" adds mla and mfa

@@ -23,10 +23,9 @@ from contextlib import nullcontext
 import torch
 
 from configurator import ConfigError, configure, resolve_device
-import torch.nn.functional as F
-
 from checkpoint import load_checkpoint, model_from_checkpoint
-from model import GPT, GPTConfig, grouped_decode_attention
+from hardware import gpu_spec
+from model import GPT, GPTConfig, grouped_decode_attention, sdpa
 
 # -----------------------------------------------------------------------------
 mode = "decode"  # decode, train or costs
@@ -44,7 +43,7 @@ contexts = "auto"  # comma-separated; auto: 1K..16K on CPU, 1K..128K on CUDA
 decode_steps = 30  # timed steps per variant and context
 prefill_max = None  # prefill (TTFT) is timed at min(context, prefill_max); None: 2048 on CPU, 32768 on CUDA
 prefill_repeats = 3
-decode_impl = "auto"  # one-token attention: grouped, sdpa, or auto (grouped on CPU, sdpa on CUDA)
+decode_impl = "auto"  # one-token attention: grouped, sdpa, or auto (sdpa on CUDA in bf16/fp16, else grouped)
 ckpt = ""  # a nanoVHA checkpoint to benchmark as variant "ckpt"; the other variants take its shape
 copy_mib = 1024  # size of the tensor copy that measures the peak bandwidth
 weight_layout = "in_out"  # Linear weights in memory: in_out (GPT.use_decode_layout) or out_in (PyTorch's default)
@@ -58,7 +57,7 @@ cost_configs = ("config/paper_1p7b_gqa8.py,config/paper_1p7b_gqa2.py,config/pape
 # system
 warmup = 3  # untimed steps per variant
 device = "auto"
-dtype = "float32"  # decode: weights and cache in this dtype; train: bfloat16/float16 means autocast
+dtype = "auto"  # decode: weights and cache in this dtype; train: bfloat16 means autocast. auto: bf16 on CUDA, float32 elsewhere
 compile = False  # torch.compile the decode step (CUDA: mode reduce-overhead, i.e. CUDA graphs) or the train model
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
@@ -80,17 +79,29 @@ def need(ok, msg):
 
 
 device_type = device.split(":")[0]
+
+
+def resolve_auto(device_type, dtype, decode_impl, prefill_max):
+    """The device's defaults for dtype "auto", decode_impl "auto" and prefill_max None -> (dtype, decode_impl, prefill_max).
+    CUDA: weights and cache in bf16, as deployed (fp32 on a GPU without bf16); SDPA decode in bf16/fp16, grouped in fp32
+    (no fp32 SDPA kernel takes grouped heads); prefill up to 32K. Elsewhere float32 (the CPU figures so far), grouped
+    decode (CPU SDPA at one query does per-query-head work, however few KV heads there are), prefill up to 2K."""
+    cuda = device_type == "cuda"
+    if dtype == "auto":
+        dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
+    if decode_impl == "auto":
+        decode_impl = "sdpa" if cuda and dtype in ("bfloat16", "float16") else "grouped"
+    return dtype, decode_impl, (32768 if cuda else 2048) if prefill_max is None else prefill_max
+
+
 need(mode in ("decode", "train", "costs"), f"mode must be decode, train or costs, got {mode!r}")
-need(dtype in ("float32", "bfloat16", "float16", "float64"), f"dtype must be float32, bfloat16, float16 or float64, got {dtype!r}")
-if decode_impl == "auto":  # CPU SDPA at one query does per-query-head work, however few KV heads there are
-    decode_impl = "sdpa" if device_type == "cuda" else "grouped"
+need(dtype in ("auto", "float32", "bfloat16", "float16", "float64"), f"dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
+dtype, decode_impl, prefill_max = resolve_auto(device_type, dtype, decode_impl, prefill_max)
 need(decode_impl in ("grouped", "sdpa"), f"decode_impl must be auto, grouped or sdpa, got {decode_impl!r}")
 need(weight_layout in ("out_in", "in_out"), f"weight_layout must be out_in or in_out, got {weight_layout!r}")
 for key, (for_decode, for_train) in dict(n_layer=(6, 4), n_embd=(512, 256), head_dim=(32, 16), batch_size=(1, 16)).items():
     if config[key] is None:  # the mode's default
         globals()[key] = for_decode if mode == "decode" else for_train
-if prefill_max is None:
-    prefill_max = 32768 if device_type == "cuda" else 2048
 for key in ("decode_steps", "prefill_repeats", "train_steps", "block_size", "copy_mib", "n_head", "vocab_size",
             "vha_kv_head", "batch_size", "prefill_max"):
     need(globals()[key] >= 1, f"{key} must be >= 1, got {globals()[key]}")
@@ -244,7 +255,7 @@ def time_attention(models, ctx):
         if decode_impl == "grouped":
             fns[name] = lambda kv=kv, q=q: [grouped_decode_attention(q, k, v) for k, v in kv]
         else:
-            fns[name] = lambda kv=kv, q=q: [F.scaled_dot_product_attention(q, k, v, enable_gqa=True) for k, v in kv]
+            fns[name] = lambda kv=kv, q=q: [sdpa(q, k, v) for k, v in kv]  # as the model calls it
     return interleaved(fns, decode_steps)
 
 
@@ -415,10 +426,6 @@ def plot_decode(rows, ctxs, path):
 
 
 # ----------------------------------------------------------------------------- train
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
-              "4090": 165e12, "3090": 71e12, "V100": 125e12, "T4": 65e12}  # dense bf16, as in train.py
-
-
 def run_train():
     need(dtype in ("float32", "bfloat16"), f"train mode runs float32 or bfloat16 (autocast), got {dtype!r}")
     need(vha_kv_head != 8, "train mode compares VHA with GQA-8 and same-deploy GQA: vha_kv_head must not be 8")
@@ -444,7 +451,7 @@ def run_train():
           f"width {n_embd}, {n_head} query heads of dim {head_dim}, batch {batch_size} x {block_size} tokens; "
           f"{train_steps} timed steps (+{warmup} warm-up) per model, interleaved")
     seconds = interleaved(steps, train_steps)
-    peak = next((v for k, v in PEAK_FLOPS.items() if device_type == "cuda" and k in torch.cuda.get_device_name()), None)
+    peak = gpu_spec(torch.cuda.get_device_name())[0] if device_type == "cuda" else None  # dense bf16 FLOP/s; None: unknown
     rows = []
     for name, model in models.items():
         c, tok_s = model.cfg, batch_size * block_size / seconds[name]
@@ -514,4 +521,5 @@ def run_costs():
     return out
 
 
-print(json.dumps({"decode": run_decode, "train": run_train, "costs": run_costs}[mode](), default=str))
+if __name__ == "__main__":  # a test may import this file to call resolve_auto
+    print(json.dumps({"decode": run_decode, "train": run_train, "costs": run_costs}[mode](), default=str))

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -27,9 +28,11 @@ from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import ConfigError, configure, resolve_device
+from hardware import choose_dtype, gpu_spec
 from data.recall import tasks as recall_tasks
-from checkpoint import is_unfused, load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import is_unfused, is_unpadded, load_checkpoint, model_from_checkpoint, save_checkpoint
 from model import GPT, GPTConfig
+from peers import PeerWatch
 
 # -----------------------------------------------------------------------------
 # defaults (overridden by config/*.py files and --key=value); nanoGPT's names where it has the knob
@@ -39,6 +42,7 @@ log_interval = 10
 eval_iters = 20
 eval_only = False
 always_save_checkpoint = True  # False: only save when val loss improves
+write_checkpoint = True  # False: never write out_dir/ckpt.pt (smoke runs, benchmarks); not "save_checkpoint": that is checkpoint.py's function
 init_from = "scratch"  # "scratch" or "resume" (from out_dir/ckpt.pt)
 seed = 1337
 wandb_log = False
@@ -48,6 +52,7 @@ wandb_run_name = "run"
 dataset = "shakespeare_char"
 data_dir = ""  # default: data/<dataset>; prepared there on first use
 curriculum_iters = 0  # row datasets (data/recall): difficulty ramps to full over these iterations; 0: full from the start
+curriculum_mode = "ramp"  # ramp: all rows at the ramp's (rounded) level; floor: rounded down; mix: rows uniform from the easiest up to it
 gradient_accumulation_steps = 1  # global: divided among DDP processes
 batch_size = 16  # micro-batch per process
 block_size = 256
@@ -83,8 +88,9 @@ lr_decay_iters = None  # default max_iters
 min_lr = None  # default learning_rate / 10
 # system
 device = "auto"  # auto picks cuda, then mps, then cpu; or "cpu", "cuda", "cuda:1", "mps"
-dtype = "auto"  # auto: bfloat16 (or float16 + GradScaler) on CUDA, float32 elsewhere
+dtype = "auto"  # auto: bf16 autocast where the hardware has bf16 (CUDA, AVX-512 BF16/AMX CPUs), fp16 on old CUDA, else fp32
 compile = None  # None: on for CUDA, off elsewhere (it costs 20-35 s on CPU)
+ddp_timeout = 600  # DDP: seconds a process waits for the others in a collective (a hung peer) before it stops
 # -----------------------------------------------------------------------------
 config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))]
 defaults = {k: globals()[k] for k in config_keys}
@@ -108,7 +114,7 @@ def need(ok, msg):
 
 
 need(init_from in ("scratch", "resume"), f"init_from must be 'scratch' or 'resume', got {init_from!r}")
-for k in ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
+for k in ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "ddp_timeout"):
     need(globals()[k] >= 1, f"{k} must be >= 1, got {globals()[k]}")
 need(max_iters >= 0 and warmup_iters >= 0, f"max_iters and warmup_iters must be >= 0, got {max_iters} and {warmup_iters}")
 need(learning_rate > 0 and weight_decay >= 0 and grad_clip >= 0 and 0 <= beta1 < 1 and 0 <= beta2 < 1,
@@ -121,12 +127,14 @@ need(0 <= min_lr <= learning_rate, f"min_lr={min_lr} must be in [0, learning_rat
 need(not decay_lr or eval_only or warmup_iters <= lr_decay_iters,
      f"warmup_iters={warmup_iters} is past lr_decay_iters={lr_decay_iters} (default: max_iters), so the learning "
      f"rate would jump from its peak to min_lr; lower --warmup_iters or raise --lr_decay_iters")
+need(curriculum_mode in recall_tasks.CURRICULUM_MODES, f"curriculum_mode must be ramp, floor or mix, got {curriculum_mode!r}")
 need(dtype in ("auto", "float32", "bfloat16", "float16", "float64"), f"dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
 if init_from == "scratch":  # bad head/rank/width combinations fail now, before any data is prepared
     try:
         GPTConfig(**{k: config[k] for k in model_fields}, vocab_size=1)
     except ValueError as e:
         sys.exit(f"error: {e}")
+
 
 # processes: DDP when launched by torchrun
 ddp = int(os.environ.get("RANK", -1)) != -1
@@ -140,13 +148,13 @@ if ddp:
              f"{torch.cuda.device_count()} GPUs; use --nproc_per_node={torch.cuda.device_count()}")
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-    init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+    init_process_group(backend="nccl" if device_type == "cuda" else "gloo", timeout=timedelta(seconds=ddp_timeout))
+    watch = PeerWatch(rank, world_size, lambda *why: peer_died(*why))  # peer_died (below) reads the run's state
 else:
     rank, local_rank, world_size = 0, 0, 1
 master = rank == 0
 accum_per_rank = gradient_accumulation_steps // world_size
-if dtype == "auto":
-    dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
+dtype, dtype_reason = choose_dtype(device_type, dtype)  # e.g. "float32: this CPU has no native bf16 (AVX2)"
 if compile is None:
     compile = device_type == "cuda"
 ptdtype = getattr(torch, dtype)
@@ -183,6 +191,9 @@ if init_from == "resume":  # read the checkpoint first: a bad one fails before a
          f"cannot resume {ckpt_path}: it was written before q/k/v and gate/up were fused into one projection each, so "
          f"its optimizer state does not match this model's parameters; sample.py, fold.py and bench_decode.py still load "
          f"it (converted on load), but to train on, start a new run (or an older checkout of the repo)")
+    need(not is_unpadded(ckpt), f"cannot resume {ckpt_path}: it was written before the vocab was padded to a multiple of 64, so its "
+         f"optimizer state does not match this model's embedding; sample.py, fold.py and bench_decode.py still load it (padded "
+         f"on load), but to train on, start a new run (or an older checkout of the repo)")
     iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
     need(eval_only or iter_num <= max_iters, f"the checkpoint is at iteration {iter_num}, past max_iters={max_iters}; "
          f"raise --max_iters to train further")
@@ -239,13 +250,16 @@ def get_batch(split, generator, frac=1.0):
     """(x, y) of (batch_size, T). Text: random windows, y = x shifted by one. Rows: whole generated
     rows at curriculum progress frac, y = -1 except at the answers (the loss ignores -1)."""
     if row_spec:
-        x, y = recall_tasks.batch(row_spec, batch_size, np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator))), frac)
+        x, y = recall_tasks.batch(row_spec, batch_size, np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator))), frac,
+                                  curriculum_mode)
         x, y = torch.from_numpy(x), torch.from_numpy(y)
     else:
         data = splits[split]
         ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
         x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix.tolist()])
         y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix.tolist()])
+    if device_type == "cuda":  # pinned host memory: the copy is asynchronous, the next micro-step need not wait for it
+        x, y = x.pin_memory(), y.pin_memory()
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
@@ -272,7 +286,7 @@ else:
     model_args = dict({k: config[k] for k in model_fields}, vocab_size=vocab_size)
     with torch.device("meta"):  # count the parameters without allocating them
         n_params = GPT(GPTConfig(**model_args)).num_params()
-if master:  # weights + two AdamW moments in fp32, twice while a new checkpoint replaces the old one
+if master and write_checkpoint:  # weights + two AdamW moments in fp32, twice while a new checkpoint replaces the old one
     need_bytes, free = n_params * 4 * 3 * 2, shutil.disk_usage(out_dir).free
     need(free >= need_bytes, f"{out_dir} has {free / 1e6:,.0f} MB free but checkpoints of this {n_params / 1e6:,.1f}M-parameter "
          f"model need about {need_bytes / 1e6:,.0f} MB; free some space or choose another --out_dir")
@@ -348,10 +362,7 @@ def estimate_loss():
     return out
 
 
-# peak dense bf16 FLOP/s for MFU (None on CPUs and unknown GPUs)
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "L4": 121e12, "A10": 125e12,
-              "4090": 165e12, "3090": 71e12, "V100": 125e12, "T4": 65e12}
-peak = next((v for k, v in PEAK_FLOPS.items() if device_type == "cuda" and k in torch.cuda.get_device_name()), None)
+peak = gpu_spec(torch.cuda.get_device_name())[0] if device_type == "cuda" else None  # for MFU; None: CPU or unknown GPU
 flops_per_iter = raw_model.flops_per_token(seq_len, training=True) * tokens_per_iter
 
 if master:
@@ -365,7 +376,9 @@ if master:
         open(log_path, "w").close()
     print(f"{raw_model.cfg.attn} model: {raw_model.num_params() / 1e6:.2f}M params, KV cache "
           f"{raw_model.kv_bytes_per_token(torch.float32)} B/token (fp32), {tokens_per_iter} tokens/iter, "
-          f"device {device}, dtype {dtype}, compile {compile}, {world_size} process(es)")
+          f"device {device}, compile {compile}, {world_size} process(es)")
+    print(dtype_reason if dtype_reason.startswith("warning") else f"dtype {dtype_reason}",
+          file=sys.stderr if dtype_reason.startswith("warning") else sys.stdout)
     if wandb_log:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name, config=config)
@@ -394,6 +407,15 @@ def kept():
     return f"{ckpt_path} (iteration {saved_iter}) is kept" if saved_iter is not None else "no checkpoint was written yet"
 
 
+def peer_died(what, ckpt_iter, store_ok):
+    """The one line a survivor prints when another process of the DDP job died (peers.py found which)."""
+    global saved_iter
+    saved_iter = ckpt_iter if ckpt_iter is not None else saved_iter  # rank 0 writes the checkpoints, and may be the one that died
+    ckpt = kept() if store_ok or master else f"the last checkpoint rank 0 wrote, if any, is kept in {ckpt_path} on its machine"
+    resumable = saved_iter is not None or not (store_ok or master)
+    return f"error: rank {rank}: {what} at iteration {iter_num}; {ckpt}" + (": relaunch with --init_from=resume" if resumable else "")
+
+
 def diverged(what, value):
     """Stops every process without saving: the checkpoint on disk is the last one whose losses were finite."""
     fix = "lower --learning_rate" + (", set --grad_clip=1.0" if not grad_clip else "") + " or raise --warmup_iters" + (
@@ -415,6 +437,8 @@ def save(it, elapsed):
                  f"{kept()}: free some space, then continue with --init_from=resume")
     global saved_iter
     saved_iter = it
+    if ddp:  # for the message of a survivor if this process dies
+        watch.checkpoint_written(it)
 
 
 use_bar = master and sys.stderr.isatty()
@@ -440,7 +464,7 @@ while True:
             elapsed = time.time() - t_start
             row = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"], "time": elapsed,
                    "tokens": iter_num * tokens_per_iter, **{k: losses[k] for k in ("val_acc", "val_exact") if k in losses},
-                   **({"difficulty": recall_tasks.level(row_spec, difficulty(iter_num))} if row_spec else {}),
+                   **({"difficulty": recall_tasks.level(row_spec, difficulty(iter_num), curriculum_mode)} if row_spec else {}),
                    **raw_model.vha_health(health_batch), **compile_stats()}
             log(row)
             say(f"step {iter_num}: train {losses['train']:.4f}, val {losses['val']:.4f}"
@@ -448,7 +472,7 @@ while True:
                 + "".join(f", {k} {v:.3g}" for k, v in row.items() if k.startswith(("premix", "postmix"))))
             if losses["val"] < best_val_loss or always_save_checkpoint:
                 best_val_loss = min(best_val_loss, losses["val"])
-                if iter_num > 0 and iter_num != saved_iter and not eval_only:  # not again after a resume
+                if iter_num > 0 and iter_num != saved_iter and not eval_only and write_checkpoint:  # not again after a resume
                     save(iter_num, elapsed)
     if eval_only or iter_num >= max_iters:
         break

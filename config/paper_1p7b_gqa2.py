@@ -16,3 +16,5 @@ beta1 = 0.9
 beta2 = 0.95
 weight_decay = 0.1
 grad_clip = 1.0
+batch_size = 1  # x 16 accumulation steps = 16 x 4,096 tokens: fits one 80 GB GPU (arithmetic in paper_1p7b_gqa8.py)
+gradient_accumulation_steps = 16

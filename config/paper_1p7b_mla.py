@@ -16,3 +16,5 @@ mla_kv_rank = 448
 mla_rope_dim = 64
 q_rank = 1024
 block_size = 4096
+batch_size = 1  # x 16 accumulation steps = 16 x 4,096 tokens: fits one 80 GB GPU (arithmetic in paper_1p7b_gqa8.py)
+gradient_accumulation_steps = 16

@@ -180,3 +180,25 @@ def test_decode_step_compiles_as_one_graph_and_matches_eager():
     step = torch.compile(model.decode_one_token, fullgraph=True)
     got = [step(x[:, p:p + 1], torch.tensor([p])) for p in range(8, 11)]
     assert all((g - w).abs().max() < 1e-12 for g, w in zip(got, want))
+
+
+# ---- the CUDA argument path, without a GPU ----
+def test_auto_settings_resolve_for_cuda_and_cpu(monkeypatch):
+    """--dtype=auto etc. on CUDA: bf16 weights and cache (as deployed), SDPA decode, 32K prefill; fp32 on CUDA decodes
+    grouped (no fp32 SDPA kernel takes grouped heads); the CPU keeps float32 and its figures. resolve_auto is called with
+    device_type="cuda" here, and torch.cuda.is_bf16_supported is faked."""
+    import importlib.util
+    import sys
+    monkeypatch.setattr(sys, "argv", ["bench_decode.py", "--device=cpu"])
+    spec = importlib.util.spec_from_file_location("bench_decode", os.path.join(ROOT, "bench_decode.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)  # parses the argv above; runs nothing (the benchmark runs under __main__)
+    assert (bench.dtype, bench.decode_impl, bench.prefill_max) == ("float32", "grouped", 2048)  # this CPU run's settings
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert bench.resolve_auto("cuda", "auto", "auto", None) == ("bfloat16", "sdpa", 32768)
+    assert bench.resolve_auto("cuda", "float32", "auto", None) == ("float32", "grouped", 32768)
+    assert bench.resolve_auto("cuda", "auto", "grouped", 4096) == ("bfloat16", "grouped", 4096)  # explicit settings stay
+    assert bench.resolve_auto("cpu", "auto", "auto", None) == ("float32", "grouped", 2048)
+    assert bench.resolve_auto("mps", "auto", "auto", None) == ("float32", "grouped", 2048)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # V100, T4
+    assert bench.resolve_auto("cuda", "auto", "auto", None) == ("float32", "grouped", 32768)

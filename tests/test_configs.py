@@ -83,3 +83,11 @@ def test_paper_shapes_cache_1kb_per_layer_except_gqa8():
         assert per_layer == (4096 if path.endswith("gqa8.py") else 1024), (path, per_layer)
         assert (m.cfg.n_layer, m.cfg.n_embd, m.cfg.mlp_hidden) == (28, 2048, 6144)
     assert {"mla", "mfa"} <= {load(p)["attn"] for p in glob.glob(os.path.join(ROOT, "config", "paper_1p7b_*.py"))}
+
+
+def test_paper_shapes_train_one_row_per_micro_step_with_the_same_global_batch():
+    """One 4,096-token row (~16 GiB of saved activations, arithmetic in paper_1p7b_gqa8.py) per micro-step fits an
+    80 GB GPU; 16 accumulation steps keep the global batch at 16 rows."""
+    for path in sorted(glob.glob(os.path.join(ROOT, "config", "paper_1p7b_*.py"))):
+        s = load(path)
+        assert (s["batch_size"], s["gradient_accumulation_steps"], s["block_size"]) == (1, 16, 4096), path

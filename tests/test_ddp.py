@@ -1,14 +1,19 @@
 """
 Two processes on CPU (gloo, through torchrun) train what one process trains: the same global batch
 (gradient_accumulation_steps is global), so the same loss curve up to float rounding; only rank 0
-writes; and a 2-process run resumes from its checkpoint.
+writes; and a 2-process run resumes from its checkpoint, also after one of its processes was killed.
 """
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
+from checkpoint import load_checkpoint
 from conftest import ROOT, TINY_MODEL
 from test_train import read_log
 
@@ -42,6 +47,78 @@ def test_two_processes_match_one_and_resume(char_data, tmp_path):
 
     a, b = curve(one), curve(two)
     assert [r[0] for r in a] == [r[0] for r in b] and len(a) == 23  # 20 train rows + evals at 0, 10, 20, no duplicates
+    for ra, rb in zip(a, b):
+        for x, y in zip(ra[1:], rb[1:]):
+            assert (x is None) == (y is None) and (x is None or x == pytest.approx(y, rel=1e-5, abs=1e-6)), (ra, rb)
+
+
+def last_iter(out):
+    """The last iteration in out/log.jsonl, -1 before there is one; read while rank 0 appends to it, so a line
+    that is not (yet) a whole JSON row is skipped."""
+    iters = [-1]
+    try:
+        with open(os.path.join(out, "log.jsonl")) as f:
+            for line in f:
+                try:
+                    iters.append(json.loads(line)["iter"])
+                except (ValueError, KeyError, TypeError):
+                    pass
+    except FileNotFoundError:
+        pass
+    return max(iters)
+
+
+def worker_pids(launcher):
+    """{rank: pid} of torchrun's workers: its child processes, by the RANK in their environment."""
+    pids = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != launcher.pid:  # the parent's pid
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            pids[int(env[b"RANK"])] = int(pid)
+        except (OSError, KeyError, ValueError):  # gone meanwhile, or not a worker
+            pass
+    return pids
+
+
+@pytest.mark.slow  # about 32 s: three runs, and the survivor waits 5 s for the roll call
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="finds torchrun's workers in /proc (Linux)")
+def test_a_killed_process_stops_the_job_in_one_line_and_it_resumes_exactly(char_data, tmp_path):
+    args = [f"--data_dir={char_data}", "--max_iters=60", "--eval_interval=10", "--gradient_accumulation_steps=2",
+            "--dropout=0.1", *TINY_MODEL]
+    full, part = str(tmp_path / "full"), str(tmp_path / "part")
+    proc = subprocess.run([sys.executable, "train.py", f"--out_dir={full}", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=ENV)
+    assert proc.returncode == 0, proc.stderr
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", f"--out_dir={part}", *args]
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        while len(pids := worker_pids(job)) < 2 or last_iter(part) < 12:  # past the checkpoint of iteration 10
+            assert job.poll() is None and last_iter(part) < 60, "the run ended before it could be killed"
+            time.sleep(0.001)
+        os.kill(pids[1], signal.SIGKILL)
+        killed = time.time()
+        out, err = job.communicate(timeout=60)  # not ddp_timeout, nor gloo's default 30 minutes
+        stopped = time.time() - killed
+    finally:
+        job.kill()
+        job.wait()
+    assert job.returncode != 0 and stopped < 60, (stopped, err)
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "RuntimeError" not in err, err  # one line, no rank's traceback (torchrun adds its report)
+    m = re.fullmatch(r"error: rank 0: process rank 1 of this job died \(or hangs\) at iteration (\d+); (.*) \(iteration (\d+)\) "
+                     r"is kept: relaunch with --init_from=resume", errors[0])
+    assert m and m[2] == os.path.join(part, "ckpt.pt") and int(m[3]) <= int(m[1]), errors
+    assert load_checkpoint(m[2])["iter_num"] == int(m[3]) >= 10  # the checkpoint it names is whole
+    assert not [n for n in os.listdir(part) if n.startswith(".tmp")]
+
+    torchrun(f"--out_dir={part}", "--init_from=resume", *args)  # to the end, on 2 processes again
+    a, b = curve(full), curve(part)
+    assert [r[0] for r in a] == [r[0] for r in b] and len(a) == 67  # 60 train rows + evals at 0, 10, ..., 60
     for ra, rb in zip(a, b):
         for x, y in zip(ra[1:], rb[1:]):
             assert (x is None) == (y is None) and (x is None or x == pytest.approx(y, rel=1e-5, abs=1e-6)), (ra, rb)

@@ -91,6 +91,23 @@ def test_curriculum_ramps_the_difficulty_knob():
         tasks.make_spec("mqar", n_pairs=40, n_keys=32)
 
 
+def test_curriculum_modes_floor_and_mix():
+    """floor holds each level until the ramp passes the next whole number (3 pairs at step 54 of a 750-step ramp from
+    2 to 16, not at 27 as rounding gives); mix draws every row's level from the easiest up to the ramp's; ramp is one
+    generator call at one level (the stream of every earlier run)."""
+    s = tasks.make_spec("mqar", n_pairs=16, n_keys=128, n_values=128)
+    assert [tasks.level(s, it / 750) for it in (26, 27)] == [2, 3] and [tasks.level(s, it / 750, "floor") for it in (53, 54)] == [2, 3]
+    assert tasks.level(s, 1.0, "floor") == 16 and tasks.level(s, 1.0, "mix") == 16
+    x, y = tasks.batch(s, 64, np.random.default_rng(5), 0.5)
+    x0, y0 = tasks.mqar(np.random.default_rng(5), 64, dict(s, n_pairs=9))
+    assert np.array_equal(x[:, :x0.shape[1]], x0) and np.array_equal(y[:, :y0.shape[1]], y0) and (x[:, x0.shape[1]:] == tasks.PAD).all()
+    x, y = tasks.batch(s, 512, np.random.default_rng(5), 1.0, "mix")
+    pairs = (y >= 0).sum(1)  # answers per row = its number of pairs
+    assert x.shape == (512, tasks.row_length(s)) and pairs.min() == 2 and pairs.max() == 16 and len(set(pairs)) == 15
+    for row, p in zip(x[:50], pairs[:50]):  # every row is a whole mqar row of its level, then padding
+        assert row[2 * p] == tasks.SEP and (row[3 * p + 1:] == tasks.PAD).all()
+
+
 def test_held_out_rows_are_their_own_stream_and_score_right():
     spec = tasks.make_spec("mqar", n_pairs=8, n_keys=32)
     x, y = tasks.eval_rows(spec, 64)

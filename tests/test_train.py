@@ -46,6 +46,15 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(char_data, tmp_path, at
     assert sample.startswith("ROMEO:") and len(sample.split("\n---")[0]) >= 6 + 12  # every attention kind generates
 
 
+def test_write_checkpoint_false_trains_and_logs_but_writes_no_checkpoint(char_data, tmp_path):
+    """What gpu_check's smoke run uses: the evals and the log as usual, no ckpt.pt (1.4 GB at the smoke's size)."""
+    out = str(tmp_path / "out")
+    run("train.py", f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=3", "--write_checkpoint=False",
+        *TINY_MODEL)
+    assert [r["iter"] for r in read_log(out) if "val_loss" in r] == [0, 3, 6]
+    assert sorted(os.listdir(out)) == ["log.jsonl"]
+
+
 def test_unknown_key_and_bad_type_are_errors(char_data, tmp_path):
     proc = run("train.py", "--n_layers=2", check=False)
     assert proc.returncode != 0 and "unknown config key 'n_layers'" in proc.stderr

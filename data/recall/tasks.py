@@ -77,10 +77,15 @@ def row_length(spec):
             "passkey": lambda: s["length"]}[s["task"]]()
 
 
-def level(spec, frac):
-    """The curriculum knob's value at training progress frac in [0, 1]: linear from curriculum_start."""
+CURRICULUM_MODES = ("ramp", "floor", "mix")
+
+
+def level(spec, frac, mode="ramp"):
+    """The curriculum knob's value at training progress frac in [0, 1]: linear from curriculum_start, rounded
+    (mode "ramp", and "mix", whose rows then range up to it) or rounded down ("floor": each level is held longer)."""
     start, full = spec["curriculum_start"], spec[CURRICULUM[spec["task"]]]
-    return int(round(start + min(max(frac, 0.0), 1.0) * (full - start)))
+    exact = start + min(max(frac, 0.0), 1.0) * (full - start)
+    return int(exact // 1 if mode == "floor" else round(exact))
 
 
 def filler(rng, shape):
@@ -137,13 +142,18 @@ def passkey(rng, n, s):
 GENERATORS = {"mqar": mqar, "vt": vt, "passkey": passkey}
 
 
-def batch(spec, n, rng, frac=1.0):
-    """n rows at curriculum progress frac (1 = full difficulty), padded to row_length(spec): (x, y) int64."""
-    s = dict(spec, **{CURRICULUM[spec["task"]]: level(spec, frac)})
-    x, y = GENERATORS[spec["task"]](rng, n, s)
-    T = row_length(spec)
-    pad = T - x.shape[1]
-    return np.pad(x, ((0, 0), (0, pad)), constant_values=PAD), np.pad(y, ((0, 0), (0, pad)), constant_values=-1)
+def batch(spec, n, rng, frac=1.0, mode="ramp"):
+    """n rows at curriculum progress frac (1 = full difficulty), padded to row_length(spec): (x, y) int64.
+    mode "ramp"/"floor": every row at level(spec, frac, mode). "mix": each row's level drawn uniformly from
+    curriculum_start up to that level, so the easiest rows stay in every batch (at frac = 1 too)."""
+    knob, top = CURRICULUM[spec["task"]], level(spec, frac, mode)
+    levels = rng.integers(spec["curriculum_start"], top + 1, size=n) if mode == "mix" else np.full(n, top)
+    T, xs, ys = row_length(spec), [], []
+    for lv in np.unique(levels):  # one generator call per level present, rows padded to the full length T
+        x, y = GENERATORS[spec["task"]](rng, int((levels == lv).sum()), dict(spec, **{knob: int(lv)}))
+        xs.append(np.pad(x, ((0, 0), (0, T - x.shape[1])), constant_values=PAD))
+        ys.append(np.pad(y, ((0, 0), (0, T - y.shape[1])), constant_values=-1))
+    return np.concatenate(xs), np.concatenate(ys)
 
 
 def eval_rows(spec, n, seed=EVAL_SEED):

@@ -1,0 +1,72 @@
+"""
+What this machine can do, in one place: the precision a run should use, and a GPU's spec-sheet peaks.
+
+    dtype, why = choose_dtype("cpu", "auto")   # ("float32", "float32: this CPU has no native bf16 (AVX2)")
+    peak_flops, hbm = gpu_spec("NVIDIA H100 80GB HBM3")   # (989e12, 3.35e12); (None, None) if unknown
+
+bf16 autocast pays only where the hardware computes in bf16: every CUDA GPU from Ampere on, and CPUs with
+AVX-512 BF16 or AMX. Elsewhere (AVX2 CPUs: most laptops, AMD before Zen 4) every bf16 op is emulated and a
+training step is about 11x slower than in fp32, so "auto" picks fp32 there.
+"""
+import re
+
+import torch
+
+
+def cpu_bf16_support():
+    """(native, isa): whether this CPU runs bf16 natively, and the instruction set torch dispatches to.
+    Native needs the instructions (AVX-512 BF16 or AMX tiles) and torch's AVX-512 kernels in use
+    (ATEN_CPU_CAPABILITY=avx2 forces the AVX2 ones, e.g. to mimic an older CPU)."""
+    isa = torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", "DEFAULT", or an ARM name
+    has_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return has_bf16 and isa.startswith("AVX512"), isa
+
+
+def choose_dtype(device_type, dtype):
+    """-> (dtype, one line saying why). dtype "auto": bf16 autocast on CUDA with bf16, float16 (+ GradScaler)
+    on older CUDA, bf16 on a CPU that has it natively, float32 otherwise (MPS included). An explicit bf16 on
+    a CPU without it is kept, and the line is a warning (starts with "warning:") that it is emulated."""
+    if device_type == "cuda":
+        bf16 = torch.cuda.is_bf16_supported()
+        if dtype == "auto":
+            return ("bfloat16", "bfloat16 autocast: this GPU has bf16") if bf16 else (
+                "float16", "float16 autocast + GradScaler: this GPU has no bf16")
+        return dtype, f"{dtype}: asked for"
+    if device_type == "cpu":
+        native, isa = cpu_bf16_support()
+        if dtype == "auto":
+            return ("bfloat16", f"bfloat16 autocast: this CPU has native bf16 ({isa})") if native else (
+                "float32", f"float32: this CPU has no native bf16 ({isa})")
+        if dtype in ("bfloat16", "float16") and not native:
+            return dtype, (f"warning: {dtype} was asked for, but this CPU has no native bf16 ({isa}): it is emulated, "
+                           f"about 11x slower than float32; drop --dtype (auto picks float32 here) or pass --dtype=float32")
+        return dtype, f"{dtype}: asked for"
+    return ("float32", f"float32 on {device_type}") if dtype == "auto" else (dtype, f"{dtype}: asked for")
+
+
+# Spec-sheet peaks of each GPU under its exact torch.cuda.get_device_name(): dense bf16 (fp16 where the GPU has
+# no bf16) tensor FLOP/s without sparsity, and HBM/GDDR bytes/s. A name not listed is matched only when its last
+# word is an unambiguous model number (a vGPU profile like "-48Q" dropped first): "NVIDIA L40-48Q" is an L40,
+# never an L4; "RTX 4090 D" or "4090 Laptop GPU" (other chips) and bare "H100" or "A100" (variants differ) stay
+# unknown: (None, None), so no MFU is made up.
+GPU_SPECS = {
+    "NVIDIA H200": (989e12, 4.8e12), "NVIDIA H200 NVL": (835e12, 4.8e12),
+    "NVIDIA GH200 480GB": (989e12, 4.0e12),
+    "NVIDIA H100 80GB HBM3": (989e12, 3.35e12), "NVIDIA H100 PCIe": (756e12, 2.0e12), "NVIDIA H100 NVL": (835e12, 3.9e12),
+    "NVIDIA A100-SXM4-80GB": (312e12, 2.039e12), "NVIDIA A100-SXM4-40GB": (312e12, 1.555e12),
+    "NVIDIA A100 80GB PCIe": (312e12, 1.935e12), "NVIDIA A100-PCIE-40GB": (312e12, 1.555e12),
+    "NVIDIA L40S": (362e12, 0.864e12), "NVIDIA L40": (181e12, 0.864e12), "NVIDIA L4": (121e12, 0.3e12),
+    "NVIDIA A10": (125e12, 0.6e12), "NVIDIA RTX A6000": (155e12, 0.768e12),
+    "NVIDIA GeForce RTX 4090": (165e12, 1.008e12), "NVIDIA GeForce RTX 3090": (71e12, 0.936e12),
+    "Tesla V100-SXM2-16GB": (125e12, 0.9e12), "Tesla V100-SXM2-32GB": (125e12, 0.9e12), "Tesla T4": (65e12, 0.32e12),
+}
+FAMILY = {"H200": "NVIDIA H200", "L40S": "NVIDIA L40S", "L40": "NVIDIA L40", "L4": "NVIDIA L4", "A10": "NVIDIA A10",
+          "4090": "NVIDIA GeForce RTX 4090", "3090": "NVIDIA GeForce RTX 3090", "T4": "Tesla T4"}  # unambiguous tokens
+
+
+def gpu_spec(name):
+    """(peak FLOP/s, bytes/s) of the GPU named `name` (torch.cuda.get_device_name()), or (None, None)."""
+    if name in GPU_SPECS:
+        return GPU_SPECS[name]
+    words = re.sub(r"-\d+[A-Z]$", "", name).split()  # "NVIDIA L40-48Q" -> ["NVIDIA", "L40"]
+    return GPU_SPECS[FAMILY[words[-1]]] if words and words[-1] in FAMILY else (None, None)
