@@ -1,3 +1,4 @@
+import json
 import os
 import random
 import subprocess
@@ -35,6 +36,23 @@ def run(script, *args, check=True, env=None, timeout=300):
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def last_iter(out):
+    """The last iteration in out/log.jsonl, -1 before there is one. The file is read while train.py appends to
+    it, so a line that is not (yet) a whole JSON row is skipped here; the exactness check at the end reads the
+    finished log strictly."""
+    iters = [-1]
+    try:
+        with open(os.path.join(out, "log.jsonl")) as f:
+            for line in f:
+                try:
+                    iters.append(json.loads(line)["iter"])
+                except (ValueError, KeyError, TypeError):
+                    pass
+    except FileNotFoundError:
+        pass
+    return max(iters)
 
 
 TINY_MODEL = ["--n_layer=2", "--n_embd=32", "--n_head=4", "--n_kv_head=2", "--block_size=32", "--batch_size=8",

@@ -3,7 +3,6 @@ Two processes on CPU (gloo, through torchrun) train what one process trains: the
 (gradient_accumulation_steps is global), so the same loss curve up to float rounding; only rank 0
 writes; and a 2-process run resumes from its checkpoint, also after one of its processes was killed.
 """
-import json
 import os
 import re
 import signal
@@ -14,7 +13,7 @@ import time
 import pytest
 
 from checkpoint import load_checkpoint
-from conftest import ROOT, TINY_MODEL
+from conftest import ROOT, TINY_MODEL, last_iter
 from test_train import read_log
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -50,22 +49,6 @@ def test_two_processes_match_one_and_resume(char_data, tmp_path):
     for ra, rb in zip(a, b):
         for x, y in zip(ra[1:], rb[1:]):
             assert (x is None) == (y is None) and (x is None or x == pytest.approx(y, rel=1e-5, abs=1e-6)), (ra, rb)
-
-
-def last_iter(out):
-    """The last iteration in out/log.jsonl, -1 before there is one; read while rank 0 appends to it, so a line
-    that is not (yet) a whole JSON row is skipped."""
-    iters = [-1]
-    try:
-        with open(os.path.join(out, "log.jsonl")) as f:
-            for line in f:
-                try:
-                    iters.append(json.loads(line)["iter"])
-                except (ValueError, KeyError, TypeError):
-                    pass
-    except FileNotFoundError:
-        pass
-    return max(iters)
 
 
 def worker_pids(launcher):

@@ -3,7 +3,6 @@ A dead run costs at most the steps since its last checkpoint, and bad input is o
 Every case runs the real script in a subprocess, as a user would: real SIGKILLs (one inside a
 checkpoint write), a real divergence, a real failed write, real damaged files.
 """
-import json
 import os
 import random
 import re
@@ -17,7 +16,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, TINY_MODEL, tiny_text
+from conftest import ROOT, TINY_MODEL, last_iter, tiny_text
 from test_train import losses, read_log
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # 2 shared cores: threads only fight each other
@@ -73,23 +72,6 @@ def copy(trained, tmp_path):
 
 # -----------------------------------------------------------------------------
 # crash safety and exact resume
-
-def last_iter(out):
-    """The last iteration in out/log.jsonl, -1 before there is one. The file is read while train.py appends to
-    it, so a line that is not (yet) a whole JSON row is skipped here; the exactness check at the end reads the
-    finished log strictly."""
-    iters = [-1]
-    try:
-        with open(os.path.join(out, "log.jsonl")) as f:
-            for line in f:
-                try:
-                    iters.append(json.loads(line)["iter"])
-                except (ValueError, KeyError, TypeError):
-                    pass
-    except FileNotFoundError:
-        pass
-    return max(iters)
-
 
 def tmp_files(out):
     return [n for n in os.listdir(out) if n.startswith(".tmp_")]
