@@ -377,8 +377,8 @@ if master:
     print(f"{raw_model.cfg.attn} model: {raw_model.num_params() / 1e6:.2f}M params, KV cache "
           f"{raw_model.kv_bytes_per_token(torch.float32)} B/token (fp32), {tokens_per_iter} tokens/iter, "
           f"device {device}, compile {compile}, {world_size} process(es)")
-    print(dtype_reason if dtype_reason.startswith("warning") else f"dtype {dtype_reason}",
-          file=sys.stderr if dtype_reason.startswith("warning") else sys.stdout)
+    emulated = dtype_reason.startswith("warning")  # an explicit bf16 on a CPU that emulates it
+    print(dtype_reason if emulated else f"dtype {dtype_reason}", file=sys.stderr if emulated else sys.stdout)
     if wandb_log:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name, config=config)
