@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from contextlib import nullcontext
 from datetime import timedelta
 
@@ -52,7 +53,11 @@ wandb_run_name = "run"
 dataset = "shakespeare_char"
 data_dir = ""  # default: data/<dataset>; prepared there on first use
 curriculum_iters = 0  # row datasets (data/recall): difficulty ramps to full over these iterations; 0: full from the start
-curriculum_mode = "ramp"  # ramp: all rows at the ramp's (rounded) level; floor: rounded down; mix: rows uniform from the easiest up to it
+curriculum_mode = "ramp"  # ramp: all rows at the ramp's (rounded) level; floor: rounded down; mix: rows uniform from the easiest up
+# to it (mix_floor: up to the rounded-down level)
+data_stream = 0  # another integer: other training batches for the same seed (and the same init)
+stop_at_acc = 0.0  # row datasets: stop after the first eval whose held-out accuracy reaches this (0: never)
+paired_init = True  # False: the init seed also depends on the model's shape, so variants of one seed share no weights
 gradient_accumulation_steps = 1  # global: divided among DDP processes
 batch_size = 16  # micro-batch per process
 block_size = 256
@@ -127,7 +132,9 @@ need(0 <= min_lr <= learning_rate, f"min_lr={min_lr} must be in [0, learning_rat
 need(not decay_lr or eval_only or warmup_iters <= lr_decay_iters,
      f"warmup_iters={warmup_iters} is past lr_decay_iters={lr_decay_iters} (default: max_iters), so the learning "
      f"rate would jump from its peak to min_lr; lower --warmup_iters or raise --lr_decay_iters")
-need(curriculum_mode in recall_tasks.CURRICULUM_MODES, f"curriculum_mode must be ramp, floor or mix, got {curriculum_mode!r}")
+need(curriculum_mode in recall_tasks.CURRICULUM_MODES,
+     f"curriculum_mode must be one of {', '.join(recall_tasks.CURRICULUM_MODES)}, got {curriculum_mode!r}")
+need(0 <= stop_at_acc <= 1 and data_stream >= 0, f"need 0 <= stop_at_acc <= 1 and data_stream >= 0, got {stop_at_acc}, {data_stream}")
 need(dtype in ("auto", "float32", "bfloat16", "float16", "float64"), f"dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
 if init_from == "scratch":  # bad head/rank/width combinations fail now, before any data is prepared
     try:
@@ -265,7 +272,8 @@ def get_batch(split, generator, frac=1.0):
 
 def rng(it, micro):
     """The generator of global micro-step `micro` of iteration `it`: the same on 1 or N processes."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + it * 4099 + micro)
+    # (torch's CPU generator keeps the low 32 bits of a seed, so the stream offset must live there too)
+    return torch.Generator().manual_seed(seed * 1_000_003 + it * 4099 + micro + data_stream * 2_654_435_761)
 
 
 def logged_before(line, it):
@@ -290,8 +298,8 @@ if master and write_checkpoint:  # weights + two AdamW moments in fp32, twice wh
     need_bytes, free = n_params * 4 * 3 * 2, shutil.disk_usage(out_dir).free
     need(free >= need_bytes, f"{out_dir} has {free / 1e6:,.0f} MB free but checkpoints of this {n_params / 1e6:,.1f}M-parameter "
          f"model need about {need_bytes / 1e6:,.0f} MB; free some space or choose another --out_dir")
-if ckpt is None:
-    torch.manual_seed(seed)
+if ckpt is None:  # paired_init: GPT draws its init seed first, so every variant of one seed starts from the same blocks
+    torch.manual_seed(seed if paired_init else seed + zlib.crc32(repr(sorted(model_args.items())).encode()))
     model = GPT(GPTConfig(**model_args))
 model.to(device, dtype=torch.float64 if dtype == "float64" else torch.float32)
 
@@ -460,21 +468,24 @@ while True:
         for split, v in losses.items():
             if not math.isfinite(v):
                 diverged(f"the eval {split} loss", v)
+        stop_now = 0 < stop_at_acc <= losses.get("val_acc", 0.0)  # learned: the rest of the run would add nothing
         if master:
             elapsed = time.time() - t_start
             row = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"], "time": elapsed,
                    "tokens": iter_num * tokens_per_iter, **{k: losses[k] for k in ("val_acc", "val_exact") if k in losses},
                    **({"difficulty": recall_tasks.level(row_spec, difficulty(iter_num), curriculum_mode)} if row_spec else {}),
-                   **raw_model.vha_health(health_batch), **compile_stats()}
+                   **raw_model.vha_health(health_batch), **compile_stats(), **({"stopped": True} if stop_now else {})}
             log(row)
             say(f"step {iter_num}: train {losses['train']:.4f}, val {losses['val']:.4f}"
                 + (f", val acc {losses['val_acc']:.1%}" if row_spec else "") + f", {elapsed:.0f}s"
                 + "".join(f", {k} {v:.3g}" for k, v in row.items() if k.startswith(("premix", "postmix"))))
-            if losses["val"] < best_val_loss or always_save_checkpoint:
+            if losses["val"] < best_val_loss or always_save_checkpoint or stop_now:
                 best_val_loss = min(best_val_loss, losses["val"])
                 if iter_num > 0 and iter_num != saved_iter and not eval_only and write_checkpoint:  # not again after a resume
                     save(iter_num, elapsed)
-    if eval_only or iter_num >= max_iters:
+    if eval_only or iter_num >= max_iters or stop_now:
+        if stop_now and master:
+            say(f"stopped at step {iter_num}: held-out accuracy {losses['val_acc']:.1%} >= stop_at_acc={stop_at_acc}")
         break
 
     # one optimizer step = gradient_accumulation_steps micro-batches across all processes

@@ -1,8 +1,10 @@
 # Token-level associative recall (MQAR, data/recall) with a small GQA/MHA model: the recall sweep's base
-# (python ablate.py sweep sets attn/n_head/n_kv_head per variant and the task knobs per sweep point).
+# (python sweep.py sets attn/n_head/n_kv_head per variant and the task knobs per sweep point).
 # Rows: 16 key-value pairs, then the 16 keys again: T = 3 x 16 + 1 = 49 tokens, loss on the 16 answers.
 # 2 layers, width 64, 8 heads of dim 8. MHA KV cache: 2 layers x 2 (K, V) x 8 heads x 8 = 256 values/token.
-# Budget: 1000 steps x 32 rows = 32,000 rows; the number of pairs ramps 2 -> 16 over the first 500 steps.
+# Budget: 1500 steps x 32 rows = 48,000 rows; the number of pairs ramps 2 -> 16 over the first 750 steps, and
+# every batch keeps rows from 2 pairs up to the current level ("mix"): with all rows at the ramp's level the
+# lookup circuit formed or not depending on half a level in the first 50 steps (docs/recall.md).
 out_dir = "out-recall-mqar"
 dataset = "recall"  # python data/recall/prepare.py writes the default MQAR spec there (or pass --data_dir)
 
@@ -12,18 +14,18 @@ n_head = 8
 n_kv_head = 8
 head_dim = 8
 attn = "gqa"
-rope_theta = 1e6  # with head_dim 8, theta 1e4 leaves 2 of the 4 frequency pairs slow enough to match keys by
-# content across 49 positions; measured: MHA at 9% held-out after 1500 steps with 1e4, 99.9% by step 750 with 1e6
+rope_theta = 1e4  # measured at 128 keys (mix curriculum): MHA faster with 1e4 than with 1e6
 
 block_size = 49
 batch_size = 32
-max_iters = 1000
-lr_decay_iters = 1000
-curriculum_iters = 500
+max_iters = 1500
+lr_decay_iters = 1500
+curriculum_iters = 750
+curriculum_mode = "mix"
 warmup_iters = 100
 learning_rate = 1e-3
 min_lr = 1e-4
-eval_interval = 50
+eval_interval = 25  # held-out accuracy every 25 steps: steps to 50/90/99% are interpolated between evals
 eval_iters = 1  # train loss on 1 batch at full difficulty; val: data/recall's held-out rows
 log_interval = 100
 dtype = "float32"  # bf16 autocast is slower than fp32 at width 64 on CPU

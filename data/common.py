@@ -206,7 +206,7 @@ def load_tokenizer(meta):
         return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
     if kind == "rows":
         raise ValueError("this is a row dataset of synthetic recall tasks (data/recall): its tokens are not text; "
-                         "score such a model with python ablate.py sweep, or train on a text dataset")
+                         "score such a model with python sweep.py, or train on a text dataset")
     raise ValueError(f"unknown tokenizer {kind!r} in meta.pkl: expected 'char' or 'gpt2'; re-run prepare.py")
 
 

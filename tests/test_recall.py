@@ -98,6 +98,8 @@ def test_curriculum_modes_floor_and_mix():
     s = tasks.make_spec("mqar", n_pairs=16, n_keys=128, n_values=128)
     assert [tasks.level(s, it / 750) for it in (26, 27)] == [2, 3] and [tasks.level(s, it / 750, "floor") for it in (53, 54)] == [2, 3]
     assert tasks.level(s, 1.0, "floor") == 16 and tasks.level(s, 1.0, "mix") == 16
+    assert [tasks.level(s, it / 750, "mix_floor") for it in (53, 54)] == [2, 3]  # mix_floor: mix up to floor's level
+    assert ((tasks.batch(s, 512, np.random.default_rng(5), 53 / 750, "mix_floor")[1] >= 0).sum(1) == 2).all()
     x, y = tasks.batch(s, 64, np.random.default_rng(5), 0.5)
     x0, y0 = tasks.mqar(np.random.default_rng(5), 64, dict(s, n_pairs=9))
     assert np.array_equal(x[:, :x0.shape[1]], x0) and np.array_equal(y[:, :y0.shape[1]], y0) and (x[:, x0.shape[1]:] == tasks.PAD).all()
@@ -172,6 +174,24 @@ def test_row_training_logs_accuracy_follows_the_curriculum_and_resumes_exactly(t
     assert strip(log_rows(tmp_path / "b")) == strip(log_rows(tmp_path / "a"))
     short = run(*common, f"--out_dir={tmp_path / 'c'}", "--block_size=8", check=False)
     assert short.returncode != 0 and "raise --block_size" in short.stderr
+
+
+def test_data_stream_changes_the_batches_paired_init_the_weights_and_stop_at_acc_stops_for_good(tmp_path):
+    data = tmp_path / "data"
+    prepare(data, "--n_pairs", 4, "--n_keys", 8, "--n_values", 8, "--curriculum_start", 1)
+    common = ["train.py", *ROWS, f"--data_dir={data}", "--max_iters=2", "--lr_decay_iters=2", "--eval_interval=2"]
+    first = lambda out, key: next(r[key] for r in log_rows(tmp_path / out) if key in r)  # iteration 0's value
+    for name, extra in [("a", []), ("stream", ["--data_stream=1"]), ("unpaired", ["--paired_init=False"])]:
+        run(*common, f"--out_dir={tmp_path / name}", *extra)
+    assert first("stream", "val_loss") == first("a", "val_loss") and first("stream", "loss") != first("a", "loss")
+    assert first("unpaired", "val_loss") != first("a", "val_loss")  # another init, scored on the same held-out rows
+    stop = [*common[:-3], "--max_iters=40", "--lr_decay_iters=40", "--eval_interval=4", "--stop_at_acc=0.15", f"--out_dir={tmp_path / 's'}"]
+    out = run(*stop).stdout
+    evals = [r for r in log_rows(tmp_path / "s") if "val_acc" in r]
+    assert evals[-1]["stopped"] and evals[-1]["val_acc"] >= 0.15 > max(r["val_acc"] for r in evals[:-1]), out
+    assert evals[-1]["iter"] < 40 and f"stopped at step {evals[-1]['iter']}" in out
+    run(*stop, "--init_from=resume")  # a stopped run resumed: evaluated again at its checkpoint, stopped again
+    assert [r for r in log_rows(tmp_path / "s") if "val_acc" in r][-1]["iter"] == evals[-1]["iter"]
 
 
 def test_a_row_dataset_without_its_held_out_rows_is_reported(tmp_path):

@@ -77,15 +77,16 @@ def row_length(spec):
             "passkey": lambda: s["length"]}[s["task"]]()
 
 
-CURRICULUM_MODES = ("ramp", "floor", "mix")
+CURRICULUM_MODES = ("ramp", "floor", "mix", "mix_floor")
 
 
 def level(spec, frac, mode="ramp"):
     """The curriculum knob's value at training progress frac in [0, 1]: linear from curriculum_start, rounded
-    (mode "ramp", and "mix", whose rows then range up to it) or rounded down ("floor": each level is held longer)."""
+    (mode "ramp", and "mix", whose rows then range up to it) or rounded down ("floor", "mix_floor": each level
+    is reached later)."""
     start, full = spec["curriculum_start"], spec[CURRICULUM[spec["task"]]]
     exact = start + min(max(frac, 0.0), 1.0) * (full - start)
-    return int(exact // 1 if mode == "floor" else round(exact))
+    return int(exact // 1 if mode.endswith("floor") else round(exact))
 
 
 def filler(rng, shape):
@@ -144,10 +145,10 @@ GENERATORS = {"mqar": mqar, "vt": vt, "passkey": passkey}
 
 def batch(spec, n, rng, frac=1.0, mode="ramp"):
     """n rows at curriculum progress frac (1 = full difficulty), padded to row_length(spec): (x, y) int64.
-    mode "ramp"/"floor": every row at level(spec, frac, mode). "mix": each row's level drawn uniformly from
-    curriculum_start up to that level, so the easiest rows stay in every batch (at frac = 1 too)."""
+    mode "ramp"/"floor": every row at level(spec, frac, mode). "mix"/"mix_floor": each row's level drawn uniformly
+    from curriculum_start up to that level, so the easiest rows stay in every batch (at frac = 1 too)."""
     knob, top = CURRICULUM[spec["task"]], level(spec, frac, mode)
-    levels = rng.integers(spec["curriculum_start"], top + 1, size=n) if mode == "mix" else np.full(n, top)
+    levels = rng.integers(spec["curriculum_start"], top + 1, size=n) if mode.startswith("mix") else np.full(n, top)
     T, xs, ys = row_length(spec), [], []
     for lv in np.unique(levels):  # one generator call per level present, rows padded to the full length T
         x, y = GENERATORS[spec["task"]](rng, int((levels == lv).sum()), dict(spec, **{knob: int(lv)}))

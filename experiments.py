@@ -1,0 +1,185 @@
+"""
+What ablate.py (the LM grid) and sweep.py (the recall sweep) share: resumable train.py runs in results folders,
+run many of them a few at a time, and the paired statistics their reports are judged by.
+
+A run lives in its own folder (args.json, ckpt.pt, log.jsonl, train.out, and result.json once scored). A
+result is reused only when its argv is the same run (same_run), so a report never mixes settings.
+"""
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from configurator import ConfigError, configure, resolve_device
+from checkpoint import load_checkpoint
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+# two-sided 5% critical values of Student's t for df = 1..30 (beyond 30 the df=30 value: slightly conservative)
+T_CRIT = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def parse_command(argv, commands, defaults, sizes):
+    """[command] [--smoke|--quick|--full|--size=NAME] [--key=value ...] -> (command, config with 'size')."""
+    argv = list(argv)
+    command = argv.pop(0) if argv and not argv[0].startswith("--") else commands[0]
+    if command not in commands:
+        sys.exit(f"error: unknown command {command!r}: use {', '.join(commands[:-1])} or {commands[-1]} ({commands[0]} is the default)")
+    size, rest = "full", []
+    for a in argv:
+        if a in ("--smoke", "--quick", "--full") or a.startswith("--size="):
+            size = a.split("=", 1)[1] if "=" in a else a[2:]
+        else:
+            rest.append(a)
+    if size not in sizes:
+        sys.exit(f"error: unknown size {size!r}: use {', '.join(sizes)}")
+    try:
+        cfg = configure({**defaults, **sizes[size]}, rest)
+        cfg["device"] = resolve_device(cfg["device"])
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    cfg["size"] = size
+    return command, cfg
+
+
+def choose_variants(chosen, known):
+    """'a,b' or 'all' -> the known variants named, in their canonical order."""
+    names = list(known) if chosen == "all" else [v.strip() for v in chosen.split(",")]
+    unknown = [v for v in names if v not in known]
+    if unknown:
+        sys.exit(f"error: unknown variant(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return [v for v in known if v in names]
+
+
+# ---- resumable runs ----
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_json(path, obj):
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(path + ".tmp", path)  # a crash never leaves half a result (which would count as done)
+
+
+def same_run(a, b):
+    """Two train.py argvs that train the same run, wherever its results folder lives: --out_dir and --data_dir
+    are compared by their last names, so a results root that was moved or copied keeps its finished runs."""
+    where = lambda args: [x.split("=", 1)[0] + "=" + os.path.basename(x) if x.startswith(("--out_dir=", "--data_dir=")) else x
+                          for x in args]
+    return where(a) == where(b)
+
+
+def read_log(run_dir):
+    with open(os.path.join(run_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def train(cfg, run_dir, args, iters):
+    """Trains, resumes or reuses the train.py run in run_dir; returns (its log rows, a status note). A run that
+    stopped early (train.py --stop_at_acc) is finished at its last checkpoint."""
+    args_path, ckpt_path = os.path.join(run_dir, "args.json"), os.path.join(run_dir, "ckpt.pt")
+    recorded = read_json(args_path) if os.path.exists(args_path) else args
+    if not same_run(recorded, args):  # results of other settings must never be mixed into one table
+        sys.exit(f"error: {run_dir} was started with other settings ({' '.join(recorded)}); use another results root")
+    os.makedirs(run_dir, exist_ok=True)
+    write_json(args_path, args)
+    trained, resume, note = False, [], ""
+    if os.path.exists(ckpt_path):
+        try:
+            step = load_checkpoint(ckpt_path)["iter_num"]
+            trained = step >= iters or any(r.get("stopped") and r["iter"] == step for r in read_log(run_dir))
+            resume = [] if trained else ["--init_from=resume"]  # train.py continues exactly
+            note = "trained before, " if trained else f"resumed at step {step}, "
+        except ValueError:  # a corrupt checkpoint: start this run again from scratch
+            os.remove(ckpt_path)
+    if not trained:
+        with open(os.path.join(run_dir, "train.out"), "a") as f:
+            env = dict(os.environ, **({"OMP_NUM_THREADS": str(cfg["threads"])} if cfg["threads"] else {}))
+            rc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args, *resume], cwd=ROOT, env=env,
+                                stdout=f, stderr=subprocess.STDOUT).returncode
+        if rc != 0:
+            with open(os.path.join(run_dir, "train.out")) as f:
+                tail = f.read().strip().splitlines()[-1:] or [""]
+            sys.exit(f"error: the run in {run_dir} failed (exit {rc}): {tail[0]} (full output: {run_dir}/train.out)")
+    return read_log(run_dir), note
+
+
+def run_all(cfg, jobs, one, label):
+    """Runs one(job) for every job, cfg['jobs'] at a time, printing label(job), its status and the time left."""
+    t0, done = time.time(), [0, 0]  # finished, of which trained now (for the time estimate)
+
+    def go(job):
+        status = one(job)
+        done[0] += 1
+        done[1] += "done before" not in status
+        left = (time.time() - t0) / max(done[1], 1) * (len(jobs) - done[0])  # runs finish at the parallel rate
+        print(f"[{done[0]}/{len(jobs)}] {label(job)}: {status}"
+              + (f" (about {left / 60:.0f} min left)" if done[1] and done[0] < len(jobs) else ""), flush=True)
+
+    with ThreadPoolExecutor(cfg["jobs"]) as pool:
+        for f in [pool.submit(go, job) for job in jobs]:
+            f.result()  # re-raises a failed run's SystemExit here
+
+
+def load_results(root, pattern, keep):
+    return [r for r in map(read_json, sorted(glob.glob(os.path.join(root, "runs", *pattern, "result.json")))) if keep(r)]
+
+
+# ---- statistics: paired over shared seeds ----
+def paired(a, b):
+    """a, b: {seed: value}. Differences a - b over the seeds both have -> (n, mean, SE, |t|, resolved):
+    resolved = the paired t-test rejects 'no difference' at 5% (two-sided), which needs n >= 2; with zero
+    spread (every seed the same difference), the exact sign test at 5% instead."""
+    d = np.array([a[s] - b[s] for s in sorted(set(a) & set(b))], dtype=float)
+    n = len(d)
+    if n < 2:
+        return n, float(d.mean()) if n else math.nan, math.nan, math.nan, False
+    mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(n))
+    if se == 0:  # every seed gave the same difference: no spread to test against, so an exact sign test decides
+        return n, mean, se, (math.inf if mean else 0.0), mean != 0 and 2 * 0.5 ** n < 0.05  # all n same sign: needs n >= 6
+    t = abs(mean) / se
+    return n, mean, se, t, t > T_CRIT[min(n - 1, len(T_CRIT)) - 1]
+
+
+def mcnemar(a, b):
+    """Exact McNemar test of success rates, a, b: {seed: bool}. -> (seeds only a succeeded, only b, two-sided p):
+    a sign test on the discordant seeds, since concordant seeds say nothing about which is better."""
+    seeds = sorted(set(a) & set(b))
+    only_a, only_b = sum(a[s] and not b[s] for s in seeds), sum(b[s] and not a[s] for s in seeds)
+    n = only_a + only_b
+    p = min(1.0, 2 * sum(math.comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2 ** n) if n else 1.0
+    return only_a, only_b, p
+
+
+def fmt(values, scale=1.0, digits=4, spread="std"):
+    """'mean ± std' (or ± SE) over seeds, 'mean' for one seed, '-' for none."""
+    if not values:
+        return "-"
+    s = np.std(values, ddof=1) / (math.sqrt(len(values)) if spread == "se" else 1) if len(values) > 1 else None
+    return f"{np.mean(values) * scale:.{digits}f}" + (f" ± {s * scale:.{digits}f}" if s is not None else "")
+
+
+def fmt_paired(n, mean, se, t, resolved, scale=1.0, digits=4):
+    if n < 2:
+        return f"{mean * scale:+.{digits}f} (n={n}: not judged)" if n else "no shared seeds"
+    return f"{mean * scale:+.{digits}f} ± {se * scale:.{digits}f} ({t:.1f} SE, n={n})"
+
+
+def pyplot():
+    """matplotlib.pyplot without a display, or None (and a note) where it is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        return plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)")
+        return None
