@@ -220,43 +220,49 @@ class Attention(nn.Module):
             out["postmix_offdiag_share"] = (M * (1 - eye)).pow(2).sum() / M.pow(2).sum()
         return out
 
-    def forward(self, x, cos, sin, start_pos=None):
-        """x: (B, T, D). start_pos=None: training/no-cache; else write the KV cache at start_pos."""
-        cfg = self.cfg
-        B, T, _ = x.shape
-        d = cfg.head_dim
-        q, k, v = self.qkv_proj(x).split(self.qkv_split, dim=-1)  # x [W_q; W_k; W_v]^T, split by columns
+    def project(self, x):
+        """x (B, T, D) -> q (B, T, H_p, d), k and v (B, T, H_kv, d): one matmul x [W_q; W_k; W_v]^T, split."""
+        cfg, (B, T, _), d = self.cfg, x.shape, self.cfg.head_dim
+        q, k, v = self.qkv_proj(x).split(self.qkv_split, dim=-1)
         if cfg.q_rank:
             q = self.q_up(self.q_latent_norm(q))  # MFA: (B, T, r) -> (B, T, H*d)
-        q = q.view(B, T, cfg.n_q_proj, d)  # (B, T, H_p, d)
-        k = k.view(B, T, cfg.n_kv_head, d)  # (B, T, H_kv, d)
-        v = v.view(B, T, cfg.n_kv_head, d)
-        if cfg.has_premix:
-            q = self.apply_premix(q)  # (B, T, H_v, d)
-        if cfg.qk_norm:  # after premix, so premix stays a plain linear map on q
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, d)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q.view(B, T, cfg.n_q_proj, d), k.view(B, T, cfg.n_kv_head, d), v.view(B, T, cfg.n_kv_head, d)
+
+    def attend(self, q, k, v, start_pos):
+        """Causal attention of q (B, H, T, d) over k, v (B, H_kv, T, d), through the KV cache when decoding ->
+        (B, H, T, d). Each KV head serves H / H_kv query heads."""
+        cfg, T = self.cfg, q.size(2)
         static = isinstance(start_pos, torch.Tensor)  # static-shape decode (torch.compile, CUDA graphs)
         if start_pos is not None:
             k, v = self.kv_cache.update(start_pos, k, v)  # (B, H_kv, start_pos+T, d); static: the whole cache
         if T == 1 and start_pos is not None and (cfg.decode_impl == "grouped" or static):
             visible = self.kv_cache.positions <= start_pos if static else None  # (max_len,): written positions
-            a = grouped_decode_attention(q, k, v, visible)
-        elif cfg.attn_impl == "plain":
-            a = plain_attention(q, k, v)
-        else:  # prefill starts at 0 and training has no cache, so the causal mask is the square one
-            assert start_pos in (None, 0) or T == 1, "multi-token steps after prefill are not supported"
-            a = sdpa(q, k, v, is_causal=T > 1, dropout_p=cfg.dropout if self.training else 0.0)  # (B, H, T, d)
-        # training: fold M into W_o once per call (D*H*H*d MACs), W_o (M a) = (W_o M) a, instead of mixing
-        # every token's heads; decoding one token, the SiLU ablation and health recording mix explicitly
-        fold_into_o = cfg.has_postmix and cfg.vha_postmix_act == "linear" and start_pos is None and not self.record_postmix
-        if cfg.has_postmix and not fold_into_o:
-            a = self.apply_postmix(a)  # (B, H, T, d)
-        a = a.transpose(1, 2).reshape(B, T, cfg.n_attn_head * d)  # (B, H, T, d) -> (B, T, H*d)
-        if fold_into_o:
-            return F.linear(a, fold_postmix(self.o_proj.weight, self.postmix_matrix()))  # (B, T, D)
-        return self.o_proj(a)  # (B, T, D)
+            return grouped_decode_attention(q, k, v, visible)
+        if cfg.attn_impl == "plain":
+            return plain_attention(q, k, v)
+        # prefill starts at 0 and training has no cache, so the causal mask is the square one
+        assert start_pos in (None, 0) or T == 1, "multi-token steps after prefill are not supported"
+        return sdpa(q, k, v, is_causal=T > 1, dropout_p=cfg.dropout if self.training else 0.0)
+
+    def forward(self, x, cos, sin, start_pos=None):
+        """x: (B, T, D) -> (B, T, D). start_pos=None: training/no-cache; else write the KV cache at start_pos."""
+        cfg, (B, T, _) = self.cfg, x.shape
+        q, k, v = self.project(x)  # 1. (B, T, H_p, d), (B, T, H_kv, d), (B, T, H_kv, d)
+        if cfg.has_premix:
+            q = self.apply_premix(q)  # 2. (B, T, H_v, d): one virtual head per (physical head, KV group)
+        if cfg.qk_norm:  # 3. after premix, so premix stays a plain linear map on q
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, d)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)  # 4.
+        a = self.attend(q, k, v, start_pos)  # 5. (B, H, T, d)
+        merge = lambda a: a.transpose(1, 2).reshape(B, T, cfg.n_attn_head * cfg.head_dim)  # (B, H, T, d) -> (B, T, H*d)
+        if cfg.has_postmix and cfg.vha_postmix_act == "linear" and start_pos is None and not self.record_postmix:
+            # fast path for training: 6 and 7 in one matmul, W_o (M a) = (W_o M) a, M folded into W_o once per call
+            # (D*H*H*d MACs) instead of mixing every token's heads
+            return F.linear(merge(a), fold_postmix(self.o_proj.weight, self.postmix_matrix()))  # (B, T, D)
+        if cfg.has_postmix:
+            a = self.apply_postmix(a)  # 6. a' = (I + V U^T) a over the head axis (decoding, SiLU, health recording)
+        return self.o_proj(merge(a))  # 7. (B, T, D)
 
 
 class MLAttention(nn.Module):
@@ -395,49 +401,7 @@ class GPTConfig:
     decode_impl: str = "grouped"  # one-token decode: "grouped" matmul per KV head, or "sdpa"
 
     def __post_init__(self):
-        def need(ok, msg):
-            if not ok:
-                raise ValueError(f"GPTConfig: {msg}")
-
-        for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head"):
-            need(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        for name, allowed in (("attn", ("gqa", "vha", "mla", "mfa")), ("attn_impl", ("sdpa", "plain")), ("mla_decode", ("absorb", "naive")),
-                              ("decode_impl", ("grouped", "sdpa")), ("vha_postmix_act", ("linear", "silu"))):
-            need(getattr(self, name) in allowed, f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        need(self.n_head % self.n_kv_head == 0,
-             f"n_head % n_kv_head != 0 ({self.n_head} % {self.n_kv_head}): each KV head must serve the same number of query heads")
-        if self.head_dim is None:
-            need(self.n_embd % self.n_head == 0, f"n_embd % n_head != 0 ({self.n_embd} % {self.n_head}); set head_dim explicitly")
-            self.head_dim = self.n_embd // self.n_head
-        need(self.head_dim >= 2 and self.head_dim % 2 == 0, f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.mlp_hidden is None:
-            self.mlp_hidden = 3 * self.n_embd
-        need(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
-        if self.attn == "vha":
-            need(self.vha_premix or self.vha_postmix, "attn='vha' needs vha_premix or vha_postmix (or use attn='gqa')")
-            if not self.vha_premix:  # postmix only: attend with the H_p physical heads, grouped over H_kv
-                need(self.n_q_proj % self.n_kv_head == 0,
-                     f"postmix-only VHA attends with H_p = n_head // n_kv_head = {self.n_q_proj} heads, "
-                     f"which must be a multiple of n_kv_head={self.n_kv_head}")
-        need(self.q_rank is None or (self.attn in ("mla", "mfa") and self.q_rank >= 1),
-             f"q_rank={self.q_rank} is the low-rank query of attn='mla' or 'mfa' (>= 1); attn={self.attn!r} has a full W_q: drop q_rank")
-        need(self.attn != "mfa" or self.q_rank is not None, "attn='mfa' factorizes the query: set q_rank (e.g. n_embd // 2)")
-        if self.attn == "mla":
-            need(self.n_kv_head == self.n_head, f"attn='mla' up-projects a key and a value for every query head from the latent: "
-                 f"set n_kv_head = n_head ({self.n_head}), got {self.n_kv_head}; the cache size is set by mla_kv_rank + mla_rope_dim")
-            need(not self.qk_norm, "attn='mla' needs qk_norm=False: an RMSNorm of k = W_uk c_kv is not linear in c_kv, so the absorbed "
-                 "decode could not move W_uk into the query; MLA normalises its latents instead (DeepSeek-V2/V3)")
-            self.mla_kv_rank = self.mla_kv_rank or 4 * self.head_dim
-            self.mla_rope_dim = self.mla_rope_dim or max(2, self.head_dim // 2)
-            need(self.mla_kv_rank >= 1, f"mla_kv_rank must be >= 1, got {self.mla_kv_rank}")
-            need(self.mla_rope_dim >= 2 and self.mla_rope_dim % 2 == 0, f"mla_rope_dim must be even and >= 2 (RoPE pairs), got {self.mla_rope_dim}")
-        else:
-            need(self.mla_kv_rank is None and self.mla_rope_dim is None, f"mla_kv_rank / mla_rope_dim are attn='mla' knobs; attn={self.attn!r}: drop them")
-        if self.vha_postmix_rank is None:
-            self.vha_postmix_rank = max(1, self.n_head // 4)
-        if self.has_postmix:
-            need(1 <= self.vha_postmix_rank <= self.n_attn_head,
-                 f"vha_postmix_rank must be in [1, {self.n_attn_head}] (the heads it mixes), got {self.vha_postmix_rank}")
+        complete_and_check(self)  # derives the None defaults, refuses bad combinations (at the end of this file)
 
     # derived: which VHA pieces are on, physical q projections H_p, the query heads that attend, the padded vocab
     has_premix = property(lambda self: self.attn == "vha" and self.vha_premix)
@@ -673,3 +637,52 @@ def sample_next(logits, temperature=1.0, top_k=None, generator=None):
         kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
+# ---- GPTConfig's checks, out of the way of its fields ----
+def complete_and_check(cfg):
+    """Fills the derived defaults of a GPTConfig (head_dim, mlp_hidden, MLA ranks, postmix rank) and raises
+    ValueError naming the fix for any combination the model cannot build."""
+    def need(ok, msg):
+        if not ok:
+            raise ValueError(f"GPTConfig: {msg}")
+
+    for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head"):
+        need(getattr(cfg, name) >= 1, f"{name} must be >= 1, got {getattr(cfg, name)}")
+    for name, allowed in (("attn", ("gqa", "vha", "mla", "mfa")), ("attn_impl", ("sdpa", "plain")), ("mla_decode", ("absorb", "naive")),
+                          ("decode_impl", ("grouped", "sdpa")), ("vha_postmix_act", ("linear", "silu"))):
+        need(getattr(cfg, name) in allowed, f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
+    need(cfg.n_head % cfg.n_kv_head == 0,
+         f"n_head % n_kv_head != 0 ({cfg.n_head} % {cfg.n_kv_head}): each KV head must serve the same number of query heads")
+    if cfg.head_dim is None:
+        need(cfg.n_embd % cfg.n_head == 0, f"n_embd % n_head != 0 ({cfg.n_embd} % {cfg.n_head}); set head_dim explicitly")
+        cfg.head_dim = cfg.n_embd // cfg.n_head
+    need(cfg.head_dim >= 2 and cfg.head_dim % 2 == 0, f"head_dim must be even for RoPE, got {cfg.head_dim}")
+    if cfg.mlp_hidden is None:
+        cfg.mlp_hidden = 3 * cfg.n_embd
+    need(0.0 <= cfg.dropout < 1.0, f"dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.attn == "vha":
+        need(cfg.vha_premix or cfg.vha_postmix, "attn='vha' needs vha_premix or vha_postmix (or use attn='gqa')")
+        if not cfg.vha_premix:  # postmix only: attend with the H_p physical heads, grouped over H_kv
+            need(cfg.n_q_proj % cfg.n_kv_head == 0,
+                 f"postmix-only VHA attends with H_p = n_head // n_kv_head = {cfg.n_q_proj} heads, "
+                 f"which must be a multiple of n_kv_head={cfg.n_kv_head}")
+    need(cfg.q_rank is None or (cfg.attn in ("mla", "mfa") and cfg.q_rank >= 1),
+         f"q_rank={cfg.q_rank} is the low-rank query of attn='mla' or 'mfa' (>= 1); attn={cfg.attn!r} has a full W_q: drop q_rank")
+    need(cfg.attn != "mfa" or cfg.q_rank is not None, "attn='mfa' factorizes the query: set q_rank (e.g. n_embd // 2)")
+    if cfg.attn == "mla":
+        need(cfg.n_kv_head == cfg.n_head, f"attn='mla' up-projects a key and a value for every query head from the latent: "
+             f"set n_kv_head = n_head ({cfg.n_head}), got {cfg.n_kv_head}; the cache size is set by mla_kv_rank + mla_rope_dim")
+        need(not cfg.qk_norm, "attn='mla' needs qk_norm=False: an RMSNorm of k = W_uk c_kv is not linear in c_kv, so the absorbed "
+             "decode could not move W_uk into the query; MLA normalises its latents instead (DeepSeek-V2/V3)")
+        cfg.mla_kv_rank = cfg.mla_kv_rank or 4 * cfg.head_dim
+        cfg.mla_rope_dim = cfg.mla_rope_dim or max(2, cfg.head_dim // 2)
+        need(cfg.mla_kv_rank >= 1, f"mla_kv_rank must be >= 1, got {cfg.mla_kv_rank}")
+        need(cfg.mla_rope_dim >= 2 and cfg.mla_rope_dim % 2 == 0, f"mla_rope_dim must be even and >= 2 (RoPE pairs), got {cfg.mla_rope_dim}")
+    else:
+        need(cfg.mla_kv_rank is None and cfg.mla_rope_dim is None, f"mla_kv_rank / mla_rope_dim are attn='mla' knobs; attn={cfg.attn!r}: drop them")
+    if cfg.vha_postmix_rank is None:
+        cfg.vha_postmix_rank = max(1, cfg.n_head // 4)
+    if cfg.has_postmix:
+        need(1 <= cfg.vha_postmix_rank <= cfg.n_attn_head,
+             f"vha_postmix_rank must be in [1, {cfg.n_attn_head}] (the heads it mixes), got {cfg.vha_postmix_rank}")

@@ -10,6 +10,7 @@ Several processes (DDP, nccl on GPUs, gloo on CPU), one node or many:
 Resuming is exact: the batches and dropout masks of iteration `it` are drawn from generators
 seeded with (seed, it, micro-step), so a resumed run sees what the uninterrupted run would have.
 """
+import dataclasses
 import json
 import math
 import os
@@ -107,9 +108,7 @@ except ConfigError as e:
     sys.exit(f"error: {e}")
 globals().update(config)
 # -----------------------------------------------------------------------------
-model_fields = ("n_layer", "n_embd", "n_head", "n_kv_head", "head_dim", "mlp_hidden", "rope_theta", "qk_norm",
-                "tie_embeddings", "dropout", "attn", "vha_premix", "vha_postmix", "vha_postmix_rank", "vha_postmix_act",
-                "q_rank", "mla_kv_rank", "mla_rope_dim", "block_size")
+model_fields = [f.name for f in dataclasses.fields(GPTConfig) if f.name in config]  # the knobs above that GPTConfig takes
 
 
 def need(ok, msg):
