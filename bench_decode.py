@@ -1,11 +1,10 @@
 """
-Benchmarks for nanoVHA (nanoGPT's bench.py role). Three modes:
+Decode speed vs context: what the small KV cache buys at deployment, against the memory roofline (training
+throughput and the paper-scale costs are bench.py).
 
     python bench_decode.py --plot=decode.png       # decode: MHA, GQA-8/4/2, MQA, a folded VHA, MLA and MFA vs context
     python bench_decode.py --variants=mha,gqa2,vha_folded --contexts=1024,4096,16384
     python bench_decode.py --ckpt=out-vha-small/ckpt.pt   # add a trained checkpoint (a VHA one is folded first)
-    python bench_decode.py --mode=train            # training tokens/s: VHA vs GQA-8 vs same-deploy GQA
-    python bench_decode.py --mode=costs            # the paper's 1.7B shapes: params, KV bytes, FLOPs (meta device)
 
 Speed does not depend on training, so the models have random weights. Variants are timed
 interleaved (one step of each in turn), so machine noise hits them alike; figures are medians
@@ -14,30 +13,26 @@ with warm-up steps excluded. The last stdout line is one JSON object with every 
 import copy
 import itertools
 import json
-import os
 import statistics
 import sys
-import time
-from contextlib import nullcontext
 
 import torch
 
 from configurator import ConfigError, configure, resolve_device
 from checkpoint import load_checkpoint, model_from_checkpoint
-from hardware import gpu_spec
+from hardware import interleaved as interleaved_on, print_table, timed as timed_on, verdict
 from model import GPT, GPTConfig, grouped_decode_attention, sdpa
 
 # -----------------------------------------------------------------------------
-mode = "decode"  # decode, train or costs
-# model width: None takes the mode's default (decode 6 x 512 with head dim 32; train 4 x 256 with head dim 16)
-n_layer = None
-n_embd = None
+mode = "decode"  # the old --mode=train and --mode=costs are bench.py now
+n_layer = 6
+n_embd = 512
 n_head = 16  # query heads that attend (VHA: the virtual heads)
-head_dim = None
+head_dim = 32
 vocab_size = 128  # small, so the LM head does not hide the KV cache
 vha_kv_head = 2  # VHA: n_head virtual heads from n_head / vha_kv_head physical projections
-batch_size = None  # None: 1 (decode), 16 (train)
-# decode
+batch_size = 1
+block_size = 256  # the models' training context (decode runs past it with a larger cache)
 variants = "mha,gqa8,gqa4,gqa2,mqa,vha_folded,mla,mfa"  # mha, mqa, gqaN (N KV heads), vha_folded, mla (absorb), mfa
 contexts = "auto"  # comma-separated; auto: 1K..16K on CPU, 1K..128K on CUDA
 decode_steps = 30  # timed steps per variant and context
@@ -48,24 +43,17 @@ ckpt = ""  # a nanoVHA checkpoint to benchmark as variant "ckpt"; the other vari
 copy_mib = 1024  # size of the tensor copy that measures the peak bandwidth
 weight_layout = "in_out"  # Linear weights in memory: in_out (GPT.use_decode_layout) or out_in (PyTorch's default)
 plot = ""  # PNG path: tokens/s and KV memory vs context
-# train
-block_size = 256  # tokens per sequence
-train_steps = 10  # timed steps per variant
-# costs
-cost_configs = ("config/paper_1p7b_gqa8.py,config/paper_1p7b_gqa2.py,config/paper_1p7b_gqa_8q2kv.py,config/paper_1p7b_vha.py,"
-                "config/paper_1p7b_mla.py,config/paper_1p7b_mfa.py")
 # system
 warmup = 3  # untimed steps per variant
 device = "auto"
-dtype = "auto"  # decode: weights and cache in this dtype; train: bfloat16 means autocast. auto: bf16 on CUDA, float32 elsewhere
-compile = False  # torch.compile the decode step (CUDA: mode reduce-overhead, i.e. CUDA graphs) or the train model
+dtype = "auto"  # weights and cache in this dtype. auto: bf16 on CUDA, float32 elsewhere
+compile = False  # torch.compile the decode step (CUDA: mode reduce-overhead, i.e. CUDA graphs)
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
 # -----------------------------------------------------------------------------
 defaults = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
 try:
-    config = configure(defaults, sys.argv[1:], optional={"n_layer": int, "n_embd": int, "head_dim": int,
-                                                         "batch_size": int, "prefill_max": int})
+    config = configure(defaults, sys.argv[1:], optional={"prefill_max": int})
     device = resolve_device(config.pop("device"))
 except ConfigError as e:
     sys.exit(f"error: {e}")
@@ -94,15 +82,13 @@ def resolve_auto(device_type, dtype, decode_impl, prefill_max):
     return dtype, decode_impl, (32768 if cuda else 2048) if prefill_max is None else prefill_max
 
 
-need(mode in ("decode", "train", "costs"), f"mode must be decode, train or costs, got {mode!r}")
+need(mode == "decode", f"--mode={mode} moved to bench.py: python bench.py" + (" --costs=True" if mode == "costs" else "")
+     + " (the same knobs)")
 need(dtype in ("auto", "float32", "bfloat16", "float16", "float64"), f"dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
 dtype, decode_impl, prefill_max = resolve_auto(device_type, dtype, decode_impl, prefill_max)
 need(decode_impl in ("grouped", "sdpa"), f"decode_impl must be auto, grouped or sdpa, got {decode_impl!r}")
 need(weight_layout in ("out_in", "in_out"), f"weight_layout must be out_in or in_out, got {weight_layout!r}")
-for key, (for_decode, for_train) in dict(n_layer=(6, 4), n_embd=(512, 256), head_dim=(32, 16), batch_size=(1, 16)).items():
-    if config[key] is None:  # the mode's default
-        globals()[key] = for_decode if mode == "decode" else for_train
-for key in ("decode_steps", "prefill_repeats", "train_steps", "block_size", "copy_mib", "n_head", "vocab_size",
+for key in ("decode_steps", "prefill_repeats", "block_size", "copy_mib", "n_layer", "n_embd", "head_dim", "n_head", "vocab_size",
             "vha_kv_head", "batch_size", "prefill_max"):
     need(globals()[key] >= 1, f"{key} must be >= 1, got {globals()[key]}")
 need(warmup >= 0, f"warmup must be >= 0, got {warmup}")
@@ -114,36 +100,12 @@ if compile:
     torch._dynamo.config.recompile_limit = 64  # one graph per model and cache size
 
 
-sync = {"cuda": torch.cuda.synchronize, "mps": lambda: torch.mps.synchronize()}.get(device_type, lambda: None)
-
-
 def timed(fn):
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - t0
+    return timed_on(fn, device_type)
 
 
 def interleaved(fns, n_timed):
-    """warmup + n_timed rounds, each calling every fn once in turn; median seconds per fn, warm-up excluded."""
-    times = {name: [] for name in fns}
-    for i in range(warmup + n_timed):
-        for name, fn in fns.items():
-            times[name].append(timed(fn))
-    return {name: statistics.median(ts[warmup:]) for name, ts in times.items()}
-
-
-def print_table(rows, columns):
-    """columns: (header, key, format); right-aligned, one line per row."""
-    cells = [[h for h, _, _ in columns]] + [[fmt.format(r[k]) if r.get(k) is not None else "-" for _, k, fmt in columns] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    for row in cells:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
-
-
-def verdict(ok):
-    return "PASS" if ok else "FAIL"
+    return interleaved_on(fns, n_timed, warmup, device_type)
 
 
 shape = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head, head_dim=head_dim)
@@ -317,23 +279,14 @@ def op_floor_model():
     return build(n_embd=2 * shape["n_head"], head_dim=2, mlp_hidden=2 * shape["n_head"], n_kv_head=vha_kv_head).to(device, ptdtype).eval()
 
 
-def run_decode():
-    parts = contexts.split(",")
-    need(contexts == "auto" or all(p.isdigit() and int(p) >= 1 for p in parts),
-         f"--contexts wants comma-separated positive integers (e.g. 1024,4096) or auto, got {contexts!r}")
-    ctxs = [2**i for i in range(10, 18 if device_type == "cuda" else 15)] if contexts == "auto" else [int(p) for p in parts]
-    models, fold_diffs = decode_models()
-    kw = dict(mode="reduce-overhead") if device_type == "cuda" else {}  # CUDA graphs on CUDA
+def compiled_steps(models):
+    """name -> the compiled one-token step (CUDA: with CUDA graphs), or {} when compile is off."""
+    kw = dict(mode="reduce-overhead") if device_type == "cuda" else {}
+    return {n: torch.compile(m.decode_one_token, fullgraph=True, **kw) for n, m in models.items()} if compile else {}
 
-    def compiled_steps(models):
-        return {n: torch.compile(m.decode_one_token, fullgraph=True, **kw) for n, m in models.items()} if compile else {}
-    bw = copy_bandwidth()
-    c = next(iter(models.values())).cfg
-    print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, batch {batch_size}, decode attention {decode_impl}, "
-          f"compile {compile}, weights {weight_layout}; {c.n_layer} layers, width {c.n_embd}, {c.n_head} query heads of dim {c.head_dim}, vocab {c.vocab_size}")
-    print(f"peak bandwidth (copy of {copy_mib} MiB, read + write): {bw / 1e9:.1f} GB/s")
-    print(f"decode: the context is random K/V written into the cache (no prefill), then {decode_steps} timed steps "
-          f"(+{warmup} warm-up) per variant, interleaved; prefill (TTFT) timed separately at min(context, {prefill_max})")
+
+def decode_table(models, ctxs, bw):
+    """Prefill (TTFT) and decode at every context -> one row per (variant, context), printed."""
     prefill = {length: time_prefill(models, length) for length in sorted({min(c, prefill_max) for c in ctxs})}
     compiled, rows = compiled_steps(models), []
     for ctx in ctxs:
@@ -350,12 +303,15 @@ def run_decode():
                        ("prefill tok/s", "prefill_tok_s", "{:.0f}"), ("decode ms/tok", "decode_ms", "{:.2f}"),
                        ("decode tok/s", "decode_tok_s", "{:.1f}"), ("MB/step", "mb_per_step", "{:.1f}"),
                        ("GB/s", "gb_s", "{:.1f}"), ("of peak", "bw_frac", "{:.0%}")])
+    return rows
 
-    # where the time goes: the fixed part (context 1, timed right after the sweep) and the part that grows with the cache
+
+def breakdown_at(models, at, top, bw):
+    """Where a token's time goes at context `top`: the fixed part (a step at context 1, timed right after the
+    sweep: weights + per-op overhead), the part that grows with the cache, and the attention alone against its
+    roof. -> ({variant: figures}, the per-op floor in ms, the matmul peak in FLOP/s), printed."""
     floor_models = dict(models, op_floor=op_floor_model())  # op_floor: the same ops at head dim 2, no bandwidth
     floor_ms = {n: s * 1e3 for n, s in time_decode(floor_models, 1, compiled_steps(floor_models))[0].items()}
-    top = 16384 if 16384 in ctxs else max(ctxs)
-    at = {(r["variant"], r["ctx"]): r for r in rows}
     attn_s, flops_peak, breakdown = time_attention(models, top), matmul_peak(), {}
     for name, model in models.items():
         r, weights_ms, c = at[(name, top)], weight_bytes(model) / bw * 1e3, model.cfg
@@ -376,30 +332,56 @@ def run_decode():
           f"(1024^3, {dtype}); its roof = max(K/V bytes at peak bandwidth, FLOPs at the matmul peak)")
     print_table(breakdown.values(), [("variant", "variant", "{}"), ("attention ms", "attn_ms", "{:.2f}"), ("K/V GB/s", "attn_gb_s", "{:.1f}"),
                                      ("GFLOP/s", "attn_gflop_s", "{:.1f}"), ("roof ms", "attn_roof_ms", "{:.2f}")])
+    return breakdown, floor_ms["op_floor"], flops_peak
 
+
+def check_targets(models, at, breakdown, top, op_floor_ms):
+    """The folded VHA model's decode targets at context `top`, printed PASS/FAIL -> {name: measured ratio}."""
     targets = {}
-    if "vha_folded" in models:
-        vha, b = at[("vha_folded", top)], breakdown["vha_folded"]
-        print(f"\ntargets at context {top}:" + ("" if (top, dtype) == (16384, "float32") else f"  (set at 16K float32; this is {top}, {dtype})"))
-        if "mha" in models:
-            targets["vha_over_mha"] = x = vha["decode_tok_s"] / at[("mha", top)]["decode_tok_s"]
-            kv_only = f"{breakdown['mha']['kv_ms'] / b['kv_ms']:.1f}x" if b["kv_ms"] > 0 else "n/a"
-            targets["vha_over_mha_roofline"] = best = breakdown["mha"]["roofline_ms"] / b["roofline_ms"]
-            print(f"  folded VHA decode tok/s >= 3x MHA: {x:.2f}x (the KV parts alone: {kv_only}; at the roofline, "
-                  f"weights + KV at peak bandwidth, no implementation can beat {best:.2f}x)  {verdict(x >= 3)}")
-        if f"gqa{vha_kv_head}" in models:
-            targets["vha_over_gqa_same"] = x = vha["decode_tok_s"] / at[(f"gqa{vha_kv_head}", top)]["decode_tok_s"]
-            print(f"  folded VHA within 5% of gqa{vha_kv_head} (same deployed shape, built directly): {x:.3f}x  {verdict(abs(x - 1) <= 0.05)}")
-        targets["vha_bw_frac"] = x = vha["bw_frac"]
-        print(f"  folded VHA >= 50% of copy bandwidth (weights + KV per step / time): {x:.0%}  {verdict(x >= 0.5)}")
-        print(f"  where the time goes: {b['ms_top']:.2f} ms/token = {b['ms_ctx1']:.2f} ms fixed (weights at peak: {b['weights_ms']:.2f}, "
-              f"per-op overhead alone: {floor_ms['op_floor']:.2f}) + {b['kv_ms']:.2f} ms for the KV cache; roofline {b['roofline_ms']:.2f} ms")
+    if "vha_folded" not in models:
+        return targets
+    vha, b = at[("vha_folded", top)], breakdown["vha_folded"]
+    print(f"\ntargets at context {top}:" + ("" if (top, dtype) == (16384, "float32") else f"  (set at 16K float32; this is {top}, {dtype})"))
+    if "mha" in models:
+        targets["vha_over_mha"] = x = vha["decode_tok_s"] / at[("mha", top)]["decode_tok_s"]
+        kv_only = f"{breakdown['mha']['kv_ms'] / b['kv_ms']:.1f}x" if b["kv_ms"] > 0 else "n/a"
+        targets["vha_over_mha_roofline"] = best = breakdown["mha"]["roofline_ms"] / b["roofline_ms"]
+        print(f"  folded VHA decode tok/s >= 3x MHA: {x:.2f}x (the KV parts alone: {kv_only}; at the roofline, "
+              f"weights + KV at peak bandwidth, no implementation can beat {best:.2f}x)  {verdict(x >= 3)}")
+    if f"gqa{vha_kv_head}" in models:
+        targets["vha_over_gqa_same"] = x = vha["decode_tok_s"] / at[(f"gqa{vha_kv_head}", top)]["decode_tok_s"]
+        print(f"  folded VHA within 5% of gqa{vha_kv_head} (same deployed shape, built directly): {x:.3f}x  {verdict(abs(x - 1) <= 0.05)}")
+    targets["vha_bw_frac"] = x = vha["bw_frac"]
+    print(f"  folded VHA >= 50% of copy bandwidth (weights + KV per step / time): {x:.0%}  {verdict(x >= 0.5)}")
+    print(f"  where the time goes: {b['ms_top']:.2f} ms/token = {b['ms_ctx1']:.2f} ms fixed (weights at peak: {b['weights_ms']:.2f}, "
+          f"per-op overhead alone: {op_floor_ms:.2f}) + {b['kv_ms']:.2f} ms for the KV cache; roofline {b['roofline_ms']:.2f} ms")
+    return targets
+
+
+def run_decode():
+    parts = contexts.split(",")
+    need(contexts == "auto" or all(p.isdigit() and int(p) >= 1 for p in parts),
+         f"--contexts wants comma-separated positive integers (e.g. 1024,4096) or auto, got {contexts!r}")
+    ctxs = [2**i for i in range(10, 18 if device_type == "cuda" else 15)] if contexts == "auto" else [int(p) for p in parts]
+    models, fold_diffs = decode_models()
+    bw = copy_bandwidth()
+    c = next(iter(models.values())).cfg
+    print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, batch {batch_size}, decode attention {decode_impl}, "
+          f"compile {compile}, weights {weight_layout}; {c.n_layer} layers, width {c.n_embd}, {c.n_head} query heads of dim {c.head_dim}, vocab {c.vocab_size}")
+    print(f"peak bandwidth (copy of {copy_mib} MiB, read + write): {bw / 1e9:.1f} GB/s")
+    print(f"decode: the context is random K/V written into the cache (no prefill), then {decode_steps} timed steps "
+          f"(+{warmup} warm-up) per variant, interleaved; prefill (TTFT) timed separately at min(context, {prefill_max})")
+    rows = decode_table(models, ctxs, bw)
+    top = 16384 if 16384 in ctxs else max(ctxs)
+    at = {(r["variant"], r["ctx"]): r for r in rows}
+    breakdown, op_floor_ms, flops_peak = breakdown_at(models, at, top, bw)
+    targets = check_targets(models, at, breakdown, top, op_floor_ms)
     if plot:
         plot_decode(rows, ctxs, plot)
     return dict(mode="decode", device=device, dtype=dtype, threads=torch.get_num_threads(), batch_size=batch_size,
                 decode_impl=decode_impl, compile=compile, weight_layout=weight_layout, kv_fill="random K/V written into the cache", copy_gb_s=bw / 1e9,
                 model={k: getattr(c, k) for k in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size")},
-                fold_max_logit_diff=fold_diffs, op_floor_ms=floor_ms["op_floor"], matmul_gflop_s=flops_peak / 1e9, results=rows,
+                fold_max_logit_diff=fold_diffs, op_floor_ms=op_floor_ms, matmul_gflop_s=flops_peak / 1e9, results=rows,
                 breakdown=list(breakdown.values()), targets=targets)
 
 
@@ -425,101 +407,5 @@ def plot_decode(rows, ctxs, path):
     print(f"wrote {path}")
 
 
-# ----------------------------------------------------------------------------- train
-def run_train():
-    need(dtype in ("float32", "bfloat16"), f"train mode runs float32 or bfloat16 (autocast), got {dtype!r}")
-    need(vha_kv_head != 8, "train mode compares VHA with GQA-8 and same-deploy GQA: vha_kv_head must not be 8")
-    kinds = {"vha": dict(attn="vha", n_kv_head=vha_kv_head), "gqa8": dict(n_kv_head=8), f"gqa{vha_kv_head}": dict(n_kv_head=vha_kv_head)}
-    autocast = torch.autocast(device_type, dtype=ptdtype) if dtype == "bfloat16" else nullcontext()
-    gen = torch.Generator().manual_seed(seed)
-    x, y = (torch.randint(vocab_size, (batch_size, block_size), generator=gen).to(device) for _ in range(2))
-    models, steps = {}, {}
-    for name, kw in kinds.items():
-        torch.manual_seed(seed)
-        model = models[name] = build(**kw).to(device).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
-        fwd = torch.compile(model) if compile else model
-
-        def step(fwd=fwd, opt=opt):
-            with autocast:
-                loss = fwd(x, y)[1]
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        steps[name] = step
-    print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, compile {compile}; {n_layer} layers, "
-          f"width {n_embd}, {n_head} query heads of dim {head_dim}, batch {batch_size} x {block_size} tokens; "
-          f"{train_steps} timed steps (+{warmup} warm-up) per model, interleaved")
-    seconds = interleaved(steps, train_steps)
-    peak = gpu_spec(torch.cuda.get_device_name())[0] if device_type == "cuda" else None  # dense bf16 FLOP/s; None: unknown
-    rows = []
-    for name, model in models.items():
-        c, tok_s = model.cfg, batch_size * block_size / seconds[name]
-        flops = model.flops_per_token(block_size, training=True)
-        rows.append(dict(variant=name, heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV", params_m=model.num_params() / 1e6,
-                         flops_per_token=flops, ms_per_step=seconds[name] * 1e3, tok_s=tok_s,
-                         mfu=flops * tok_s / peak if peak else None))
-    for r in rows:
-        r["speed_vs_gqa8"], r["flops_vs_gqa8"] = r["tok_s"] / rows[1]["tok_s"], r["flops_per_token"] / rows[1]["flops_per_token"]
-    print_table(rows, [("variant", "variant", "{}"), ("q proj->attn heads/KV", "heads", "{}"), ("params M", "params_m", "{:.2f}"),
-                       ("train FLOPs/token", "flops_per_token", "{:.3e}"), ("FLOPs vs gqa8", "flops_vs_gqa8", "{:.3f}"),
-                       ("ms/step", "ms_per_step", "{:.1f}"), ("tokens/s", "tok_s", "{:.0f}"),
-                       ("speed vs gqa8", "speed_vs_gqa8", "{:.3f}"), ("MFU", "mfu", "{:.1%}")])
-    vha, same = rows[0]["tok_s"], rows[2]["tok_s"]
-    targets = dict(vha_over_gqa8=rows[0]["speed_vs_gqa8"], vha_over_gqa_same=vha / same)
-    print(f"targets: VHA >= 1.05x GQA-8 tokens/s: {targets['vha_over_gqa8']:.3f}x  {verdict(targets['vha_over_gqa8'] >= 1.05)}; "
-          f"VHA >= same-deploy {rows[2]['variant']}: {targets['vha_over_gqa_same']:.3f}x  {verdict(vha >= same)}")
-    return dict(mode="train", device=device, dtype=dtype, threads=torch.get_num_threads(), compile=compile,
-                block_size=block_size, batch_size=batch_size, results=rows, targets=targets)
-
-
-# ----------------------------------------------------------------------------- costs
-PAPER_VOCAB = 151936  # Qwen3's tokenizer; train.py takes the vocab from the dataset, so the config files cannot set it
-
-
-# the paper's training/prefill GFLOPs per token at 1.7B, S=4096 (1 KB/layer/token except GQA-8); it gives no MLA figure there
-PAPER_GFLOPS = {"paper_1p7b_gqa8.py": 10.61, "paper_1p7b_vha.py": 9.78, "paper_1p7b_mfa.py": 15.90}
-
-
-def run_costs():
-    rows = []
-    for path in cost_configs.split(","):
-        if not os.path.isabs(path) and not os.path.isfile(path):  # config/... of this repo, from any folder
-            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), path)
-        need(os.path.isfile(path), f"config file {path!r} does not exist")
-        namespace = {}
-        with open(path) as f:
-            exec(f.read(), {}, namespace)  # train.py's keys; keep the ones GPTConfig knows
-        known = {k: v for k, v in namespace.items() if k in GPTConfig.__dataclass_fields__}
-        with torch.device("meta"):  # shapes only: nothing is allocated
-            model = GPT(GPTConfig(**dict(known, vocab_size=PAPER_VOCAB)))
-        c, T = model.cfg, model.cfg.block_size
-        rows.append(dict(config=os.path.basename(path), attn=c.attn, heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV",
-                         params_b=model.num_params() / 1e9, kv_bytes_per_layer=model.kv_bytes_per_token(torch.bfloat16) // c.n_layer,
-                         kv_kb_per_token=model.kv_bytes_per_token(torch.bfloat16) / 1024, T=T,
-                         train_flops_per_token=model.flops_per_token(T, training=True), paper_gflops=PAPER_GFLOPS.get(os.path.basename(path))))
-    for r in rows:
-        r["flops_vs_first"] = r["train_flops_per_token"] / rows[0]["train_flops_per_token"]
-        if r["paper_gflops"] and rows[0]["paper_gflops"]:
-            r["paper_vs_first"] = r["paper_gflops"] / rows[0]["paper_gflops"]
-    print(f"paper-scale costs (vocab {PAPER_VOCAB}, bf16 KV cache, training FLOPs at each file's block_size; model.py's accounting)")
-    print_table(rows, [("config", "config", "{}"), ("attn", "attn", "{}"), ("q proj->attn heads/KV", "heads", "{}"),
-                       ("params B", "params_b", "{:.3f}"), ("KV B/layer/token", "kv_bytes_per_layer", "{}"),
-                       ("KV KB/token", "kv_kb_per_token", "{:.0f}"), ("T", "T", "{}"),
-                       ("train FLOPs/token", "train_flops_per_token", "{:.3e}"), (f"FLOPs vs {rows[0]['config']}", "flops_vs_first", "{:.4f}"),
-                       ("paper GFLOPs/token", "paper_gflops", "{:.2f}"), ("paper vs first", "paper_vs_first", "{:.4f}")])
-    out = dict(mode="costs", results=rows)
-    vha = next((r for r in rows if r["attn"] == "vha"), None)
-    if vha:
-        ref = rows[0]
-        out["flops_reduction"] = 1 - vha["flops_vs_first"]
-        kv_ok = (ref["kv_bytes_per_layer"], vha["kv_bytes_per_layer"]) == (4096, 1024)
-        print(f"KV per layer per token (bf16): {ref['config']} {ref['kv_bytes_per_layer']} B vs {vha['config']} "
-              f"{vha['kv_bytes_per_layer']} B (paper: 4 KB vs 1 KB)  {verdict(kv_ok)}")
-        print(f"training FLOPs/token reduction of {vha['config']} vs {ref['config']}: {out['flops_reduction']:.2%} "
-              f"(paper: 6.5%-8.1%)  {verdict(0.065 <= out['flops_reduction'] <= 0.081)}")
-    return out
-
-
 if __name__ == "__main__":  # a test may import this file to call resolve_auto
-    print(json.dumps({"decode": run_decode, "train": run_train, "costs": run_costs}[mode](), default=str))
+    print(json.dumps(run_decode(), default=str))

@@ -1,5 +1,6 @@
 """
-What this machine can do, in one place: the precision a run should use, and a GPU's spec-sheet peaks.
+What this machine can do, in one place: the precision a run should use, a GPU's spec-sheet peaks, and how
+the benchmarks time it (medians of interleaved calls).
 
     dtype, why = choose_dtype("cpu", "auto")   # ("float32", "float32: this CPU has no native bf16 (AVX2)")
     peak_flops, hbm = gpu_spec("NVIDIA H100 80GB HBM3")   # (989e12, 3.35e12); (None, None) if unknown
@@ -9,6 +10,8 @@ AVX-512 BF16 or AMX. Elsewhere (AVX2 CPUs: most laptops, AMD before Zen 4) every
 training step is about 11x slower than in fp32, so "auto" picks fp32 there.
 """
 import re
+import statistics
+import time
 
 import torch
 
@@ -70,3 +73,39 @@ def gpu_spec(name):
         return GPU_SPECS[name]
     words = re.sub(r"-\d+[A-Z]$", "", name).split()  # "NVIDIA L40-48Q" -> ["NVIDIA", "L40"]
     return GPU_SPECS[FAMILY[words[-1]]] if words and words[-1] in FAMILY else (None, None)
+
+
+# ---- timing, for the benchmarks: medians of interleaved calls, the device synchronised around each ----
+def synchronize(device_type):
+    {"cuda": torch.cuda.synchronize, "mps": lambda: torch.mps.synchronize()}.get(device_type, lambda: None)()
+
+
+def timed(fn, device_type="cpu"):
+    """Seconds one call of fn takes, with the device's queued work finished before and after."""
+    synchronize(device_type)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device_type)
+    return time.perf_counter() - t0
+
+
+def interleaved(fns, n_timed, warmup, device_type="cpu"):
+    """warmup + n_timed rounds, each calling every fn once in turn, so machine noise hits them alike;
+    the median seconds per fn, warm-up excluded."""
+    times = {name: [] for name in fns}
+    for _ in range(warmup + n_timed):
+        for name, fn in fns.items():
+            times[name].append(timed(fn, device_type))
+    return {name: statistics.median(ts[warmup:]) for name, ts in times.items()}
+
+
+def print_table(rows, columns):
+    """columns: (header, key, format); right-aligned, one line per row, '-' where a row has no value."""
+    cells = [[h for h, _, _ in columns]] + [[fmt.format(r[k]) if r.get(k) is not None else "-" for _, k, fmt in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    for row in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+
+
+def verdict(ok):
+    return "PASS" if ok else "FAIL"

@@ -1,5 +1,5 @@
-"""bench_decode.py and the decode code it exercises: exactness of the new decode paths (float64),
-the three modes end to end at tiny sizes, the paper's 1.7B cost figures, and one-line errors.
+"""bench_decode.py and bench.py, and the decode code they exercise: exactness of the new decode paths (float64),
+decode and training throughput end to end at tiny sizes, the paper's 1.7B cost figures, and one-line errors.
 Speed is measured, never asserted."""
 import ast
 import json
@@ -112,8 +112,7 @@ def test_decode_benchmark_folds_a_vha_checkpoint(tmp_path):
 
 
 def test_train_benchmark_end_to_end():
-    out = last_json(run("bench_decode.py", "--mode=train", *TINY, "--n_head=8", "--block_size=16", "--batch_size=2",
-                        "--train_steps=2"))
+    out = last_json(run("bench.py", *TINY, "--n_head=8", "--block_size=16", "--batch_size=2", "--train_steps=2"))
     rows = {r["variant"]: r for r in out["results"]}
     assert list(rows) == ["vha", "gqa8", "gqa2"] and rows["vha"]["heads"] == "4->8Q/2KV"
     assert rows["vha"]["flops_per_token"] < rows["gqa2"]["flops_per_token"] < rows["gqa8"]["flops_per_token"]
@@ -121,7 +120,7 @@ def test_train_benchmark_end_to_end():
 
 
 def test_costs_reproduce_the_paper_at_1p7b():
-    proc = run("bench_decode.py", "--mode=costs")
+    proc = run("bench.py", "--costs=True")
     out = last_json(proc)
     rows = {r["config"]: r for r in out["results"]}
     kv = {name: rows[f"paper_1p7b_{name}.py"]["kv_bytes_per_layer"] for name in ("gqa8", "gqa2", "gqa_8q2kv", "vha")}
@@ -129,6 +128,12 @@ def test_costs_reproduce_the_paper_at_1p7b():
     assert 0.065 <= out["flops_reduction"] <= 0.081  # the paper's band for VHA vs GQA-8
     assert 1.6e9 < rows["paper_1p7b_gqa8.py"]["params_b"] * 1e9 < 1.8e9
     assert proc.stdout.count("PASS") == 2
+
+
+def test_the_old_modes_name_the_new_command():
+    for mode, new in (("train", "python bench.py "), ("costs", "python bench.py --costs=True")):
+        proc = run("bench_decode.py", f"--mode={mode}", check=False)
+        assert proc.returncode != 0 and f"moved to bench.py: {new}" in proc.stderr
 
 
 def test_paper_configs_use_train_py_keys():

@@ -1,0 +1,172 @@
+"""
+Training throughput and paper-scale costs (nanoGPT's bench.py role; decode speed is bench_decode.py).
+
+    python bench.py                   # training tokens/s: VHA vs GQA-8 vs the same-deploy GQA, interleaved
+    python bench.py --dtype=bfloat16  # the same under bf16 autocast
+    python bench.py --costs=True      # the paper's 1.7B shapes: params, KV bytes, training FLOPs (meta device)
+
+Speed does not depend on training, so the models have random weights; the variants take one optimizer step
+each in turn (machine noise hits them alike), and figures are medians with warm-up steps excluded. The last
+stdout line is one JSON object with every figure.
+"""
+import json
+import os
+import sys
+from contextlib import nullcontext
+
+import torch
+
+from configurator import ConfigError, configure, resolve_device
+from hardware import gpu_spec, interleaved, print_table, verdict
+from model import GPT, GPTConfig
+
+# -----------------------------------------------------------------------------
+costs = False  # True: the paper-scale cost table instead of the timing
+n_layer = 4
+n_embd = 256
+n_head = 16  # query heads that attend (VHA: the virtual heads)
+head_dim = 16
+vocab_size = 128  # small, so the LM head does not hide the attention
+vha_kv_head = 2  # VHA: n_head virtual heads from n_head / vha_kv_head physical projections
+batch_size = 16
+block_size = 256  # tokens per sequence
+train_steps = 10  # timed steps per variant
+warmup = 3  # untimed steps per variant
+cost_configs = ("config/paper_1p7b_gqa8.py,config/paper_1p7b_gqa2.py,config/paper_1p7b_gqa_8q2kv.py,config/paper_1p7b_vha.py,"
+                "config/paper_1p7b_mla.py,config/paper_1p7b_mfa.py")
+device = "auto"
+dtype = "float32"  # float32, or bfloat16 (autocast)
+compile = False
+threads = 0  # CPU threads (0: torch's default)
+seed = 1337
+# -----------------------------------------------------------------------------
+defaults = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
+try:
+    config = configure(defaults, sys.argv[1:])
+    device = resolve_device(config.pop("device"))
+except ConfigError as e:
+    sys.exit(f"error: {e}")
+globals().update(config)
+
+
+def need(ok, msg):
+    """A bad setting stops the run here, in one line."""
+    if not ok:
+        sys.exit(f"error: {msg}")
+
+
+device_type = device.split(":")[0]
+for key in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size", "vha_kv_head", "batch_size", "block_size", "train_steps"):
+    need(globals()[key] >= 1, f"{key} must be >= 1, got {globals()[key]}")
+need(warmup >= 0, f"warmup must be >= 0, got {warmup}")
+ptdtype = getattr(torch, dtype, None)
+if threads:
+    torch.set_num_threads(threads)
+
+
+def build(**kw):
+    """A random-weight model of the benchmark's shape; kw picks the attention."""
+    try:
+        return GPT(GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+                             head_dim=head_dim, **kw))
+    except ValueError as e:
+        need(False, e)
+
+
+# ----------------------------------------------------------------------------- training throughput
+def run_train():
+    need(dtype in ("float32", "bfloat16"), f"train mode runs float32 or bfloat16 (autocast), got {dtype!r}")
+    need(vha_kv_head != 8, "train mode compares VHA with GQA-8 and same-deploy GQA: vha_kv_head must not be 8")
+    kinds = {"vha": dict(attn="vha", n_kv_head=vha_kv_head), "gqa8": dict(n_kv_head=8), f"gqa{vha_kv_head}": dict(n_kv_head=vha_kv_head)}
+    autocast = torch.autocast(device_type, dtype=ptdtype) if dtype == "bfloat16" else nullcontext()
+    gen = torch.Generator().manual_seed(seed)
+    x, y = (torch.randint(vocab_size, (batch_size, block_size), generator=gen).to(device) for _ in range(2))
+    models, steps = {}, {}
+    for name, kw in kinds.items():
+        torch.manual_seed(seed)
+        model = models[name] = build(**kw).to(device).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        fwd = torch.compile(model) if compile else model
+
+        def step(fwd=fwd, opt=opt):
+            with autocast:
+                loss = fwd(x, y)[1]
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        steps[name] = step
+    print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, compile {compile}; {n_layer} layers, "
+          f"width {n_embd}, {n_head} query heads of dim {head_dim}, batch {batch_size} x {block_size} tokens; "
+          f"{train_steps} timed steps (+{warmup} warm-up) per model, interleaved")
+    seconds = interleaved(steps, train_steps, warmup, device_type)
+    peak = gpu_spec(torch.cuda.get_device_name())[0] if device_type == "cuda" else None  # dense bf16 FLOP/s; None: unknown
+    rows = []
+    for name, model in models.items():
+        c, tok_s = model.cfg, batch_size * block_size / seconds[name]
+        flops = model.flops_per_token(block_size, training=True)
+        rows.append(dict(variant=name, heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV", params_m=model.num_params() / 1e6,
+                         flops_per_token=flops, ms_per_step=seconds[name] * 1e3, tok_s=tok_s,
+                         mfu=flops * tok_s / peak if peak else None))
+    for r in rows:
+        r["speed_vs_gqa8"], r["flops_vs_gqa8"] = r["tok_s"] / rows[1]["tok_s"], r["flops_per_token"] / rows[1]["flops_per_token"]
+    print_table(rows, [("variant", "variant", "{}"), ("q proj->attn heads/KV", "heads", "{}"), ("params M", "params_m", "{:.2f}"),
+                       ("train FLOPs/token", "flops_per_token", "{:.3e}"), ("FLOPs vs gqa8", "flops_vs_gqa8", "{:.3f}"),
+                       ("ms/step", "ms_per_step", "{:.1f}"), ("tokens/s", "tok_s", "{:.0f}"),
+                       ("speed vs gqa8", "speed_vs_gqa8", "{:.3f}"), ("MFU", "mfu", "{:.1%}")])
+    vha, same = rows[0]["tok_s"], rows[2]["tok_s"]
+    targets = dict(vha_over_gqa8=rows[0]["speed_vs_gqa8"], vha_over_gqa_same=vha / same)
+    print(f"targets: VHA >= 1.05x GQA-8 tokens/s: {targets['vha_over_gqa8']:.3f}x  {verdict(targets['vha_over_gqa8'] >= 1.05)}; "
+          f"VHA >= same-deploy {rows[2]['variant']}: {targets['vha_over_gqa_same']:.3f}x  {verdict(vha >= same)}")
+    return dict(mode="train", device=device, dtype=dtype, threads=torch.get_num_threads(), compile=compile,
+                block_size=block_size, batch_size=batch_size, results=rows, targets=targets)
+
+
+# ----------------------------------------------------------------------------- paper-scale costs
+PAPER_VOCAB = 151936  # Qwen3's tokenizer; train.py takes the vocab from the dataset, so the config files cannot set it
+
+
+# the paper's training/prefill GFLOPs per token at 1.7B, S=4096 (1 KB/layer/token except GQA-8); it gives no MLA figure there
+PAPER_GFLOPS = {"paper_1p7b_gqa8.py": 10.61, "paper_1p7b_vha.py": 9.78, "paper_1p7b_mfa.py": 15.90}
+
+
+def run_costs():
+    rows = []
+    for path in cost_configs.split(","):
+        if not os.path.isabs(path) and not os.path.isfile(path):  # config/... of this repo, from any folder
+            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), path)
+        need(os.path.isfile(path), f"config file {path!r} does not exist")
+        namespace = {}
+        with open(path) as f:
+            exec(f.read(), {}, namespace)  # train.py's keys; keep the ones GPTConfig knows
+        known = {k: v for k, v in namespace.items() if k in GPTConfig.__dataclass_fields__}
+        with torch.device("meta"):  # shapes only: nothing is allocated
+            model = GPT(GPTConfig(**dict(known, vocab_size=PAPER_VOCAB)))
+        c, T = model.cfg, model.cfg.block_size
+        rows.append(dict(config=os.path.basename(path), attn=c.attn, heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV",
+                         params_b=model.num_params() / 1e9, kv_bytes_per_layer=model.kv_bytes_per_token(torch.bfloat16) // c.n_layer,
+                         kv_kb_per_token=model.kv_bytes_per_token(torch.bfloat16) / 1024, T=T,
+                         train_flops_per_token=model.flops_per_token(T, training=True), paper_gflops=PAPER_GFLOPS.get(os.path.basename(path))))
+    for r in rows:
+        r["flops_vs_first"] = r["train_flops_per_token"] / rows[0]["train_flops_per_token"]
+        if r["paper_gflops"] and rows[0]["paper_gflops"]:
+            r["paper_vs_first"] = r["paper_gflops"] / rows[0]["paper_gflops"]
+    print(f"paper-scale costs (vocab {PAPER_VOCAB}, bf16 KV cache, training FLOPs at each file's block_size; model.py's accounting)")
+    print_table(rows, [("config", "config", "{}"), ("attn", "attn", "{}"), ("q proj->attn heads/KV", "heads", "{}"),
+                       ("params B", "params_b", "{:.3f}"), ("KV B/layer/token", "kv_bytes_per_layer", "{}"),
+                       ("KV KB/token", "kv_kb_per_token", "{:.0f}"), ("T", "T", "{}"),
+                       ("train FLOPs/token", "train_flops_per_token", "{:.3e}"), (f"FLOPs vs {rows[0]['config']}", "flops_vs_first", "{:.4f}"),
+                       ("paper GFLOPs/token", "paper_gflops", "{:.2f}"), ("paper vs first", "paper_vs_first", "{:.4f}")])
+    out = dict(mode="costs", results=rows)
+    vha = next((r for r in rows if r["attn"] == "vha"), None)
+    if vha:
+        ref = rows[0]
+        out["flops_reduction"] = 1 - vha["flops_vs_first"]
+        kv_ok = (ref["kv_bytes_per_layer"], vha["kv_bytes_per_layer"]) == (4096, 1024)
+        print(f"KV per layer per token (bf16): {ref['config']} {ref['kv_bytes_per_layer']} B vs {vha['config']} "
+              f"{vha['kv_bytes_per_layer']} B (paper: 4 KB vs 1 KB)  {verdict(kv_ok)}")
+        print(f"training FLOPs/token reduction of {vha['config']} vs {ref['config']}: {out['flops_reduction']:.2%} "
+              f"(paper: 6.5%-8.1%)  {verdict(0.065 <= out['flops_reduction'] <= 0.081)}")
+    return out
+
+
+print(json.dumps(run_costs() if costs else run_train(), default=str))
