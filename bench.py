@@ -16,7 +16,7 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import ConfigError, configure, resolve_device
+from configurator import ConfigError, configure, need, resolve_device
 from hardware import gpu_spec, interleaved, print_table, verdict
 from model import GPT, GPTConfig
 
@@ -47,12 +47,6 @@ try:
 except ConfigError as e:
     sys.exit(f"error: {e}")
 globals().update(config)
-
-
-def need(ok, msg):
-    """A bad setting stops the run here, in one line."""
-    if not ok:
-        sys.exit(f"error: {msg}")
 
 
 device_type = device.split(":")[0]

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from configurator import ConfigError, configure, resolve_device
+from configurator import ConfigError, configure, need, resolve_device
 from checkpoint import load_checkpoint, model_from_checkpoint
 from hardware import interleaved as interleaved_on, print_table, timed as timed_on, verdict
 from model import GPT, GPTConfig, grouped_decode_attention, sdpa
@@ -58,12 +58,6 @@ try:
 except ConfigError as e:
     sys.exit(f"error: {e}")
 globals().update(config)
-
-
-def need(ok, msg):
-    """A bad setting stops the run here, in one line."""
-    if not ok:
-        sys.exit(f"error: {msg}")
 
 
 device_type = device.split(":")[0]

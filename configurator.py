@@ -11,6 +11,7 @@ type of its other values) and for keys whose default is None.
 """
 import ast
 import os
+import sys
 
 
 class ConfigError(ValueError):
@@ -99,3 +100,9 @@ def resolve_device(device):
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("device 'mps' asked for, but this machine has no usable Apple GPU; use --device=cpu")
     return device
+
+
+def need(ok, msg):
+    """A bad setting stops the script here, in one line (`error: msg`), not as a traceback an hour in."""
+    if not ok:
+        sys.exit(f"error: {msg}")

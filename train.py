@@ -29,7 +29,7 @@ import torch
 from torch.distributed import destroy_process_group, init_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import ConfigError, configure, resolve_device
+from configurator import ConfigError, configure, need, resolve_device
 from hardware import choose_dtype, gpu_spec
 from data.recall import tasks as recall_tasks
 from checkpoint import is_unfused, is_unpadded, load_checkpoint, model_from_checkpoint, save_checkpoint
@@ -109,12 +109,6 @@ except ConfigError as e:
 globals().update(config)
 # -----------------------------------------------------------------------------
 model_fields = [f.name for f in dataclasses.fields(GPTConfig) if f.name in config]  # the knobs above that GPTConfig takes
-
-
-def need(ok, msg):
-    """A bad setting stops the run here, in one line, not as a traceback an hour in."""
-    if not ok:
-        sys.exit(f"error: {msg}")
 
 
 need(init_from in ("scratch", "resume"), f"init_from must be 'scratch' or 'resume', got {init_from!r}")
