@@ -1,7 +1,7 @@
 # The paper's 1.7B GQA 8Q/2KV: the 8 physical query projections and 2 KV heads that VHA trains with.
 # KV cache: 2 x 2 heads x 128 dims = 512 values = 1 KB per layer per token in bf16.
-# For the cost table: python bench_decode.py --mode=costs. The paper used the Qwen3 tokenizer (vocab 151936,
-# which bench_decode.py assumes); train.py takes the vocab from --dataset. Training it needs GPUs.
+# For the cost table: python bench.py --costs=True. The paper used the Qwen3 tokenizer (vocab 151936,
+# which bench.py assumes); train.py takes the vocab from --dataset. Training it needs GPUs.
 n_layer = 28
 n_embd = 2048
 n_head = 8

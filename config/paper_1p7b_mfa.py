@@ -1,7 +1,7 @@
 # MFA at the paper's 1.7B shape and its 1 KB per layer per token (bf16): one KV head of dim 256 (Step-3's
 # head dim), 2 x 1 x 256 = 512 values = 1 KB, the same as GQA-2's 2 x 2 x 128. 16 query heads of dim 256
 # from a low-rank query of rank 1024 (Step-3: 64 heads, share_q_dim 2048 at width 7168).
-# For the cost table: python bench_decode.py --mode=costs. Training it needs GPUs.
+# For the cost table: python bench.py --costs=True. Training it needs GPUs.
 n_layer = 28
 n_embd = 2048
 n_head = 16

@@ -2,7 +2,7 @@
 # (448) + one shared RoPE key (64) = 512 values = 1 KB, the same as GQA-2's 2 x 2 x 128. DeepSeek-V3 uses
 # 512 + 64 (1,152 B); we trim the latent to match the budget. 16 heads of dim 128 up-projected from it,
 # a low-rank query of rank 1024 (DeepSeek-V2-Lite has none, V3 has 1536 for width 7168).
-# For the cost table: python bench_decode.py --mode=costs. Training it needs GPUs.
+# For the cost table: python bench.py --costs=True. Training it needs GPUs.
 n_layer = 28
 n_embd = 2048
 n_head = 16

@@ -1,7 +1,7 @@
 # The paper's 1.7B VHA: 8 physical query projections -> 16 virtual heads (premix), 2 KV heads of
 # dim 128, postmix rank 4; folds into paper_1p7b_gqa2.py's shape. KV cache: 1 KB per layer per token in bf16.
-# For the cost table: python bench_decode.py --mode=costs. The paper used the Qwen3 tokenizer (vocab 151936,
-# which bench_decode.py assumes); train.py takes the vocab from --dataset. Training it needs GPUs.
+# For the cost table: python bench.py --costs=True. The paper used the Qwen3 tokenizer (vocab 151936,
+# which bench.py assumes); train.py takes the vocab from --dataset. Training it needs GPUs.
 n_layer = 28
 n_embd = 2048
 n_head = 16
