@@ -450,6 +450,7 @@ say = bar.write if use_bar else print
 t_start = time.time() - elapsed_before
 t_last, iters_since, saved_iter = time.time(), 0, iter_num if init_from == "resume" else None
 health_batch = get_batch("val", torch.Generator().manual_seed(seed + 3))[0][:4]
+stop_now = False  # set at each eval: --stop_at_acc reached
 model.train()
 while True:
     lr = get_lr(iter_num)
