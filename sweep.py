@@ -4,11 +4,11 @@ models that differ only in their attention (MHA, GQA-4, GQA-2, MQA, VHA and its 
 variant with the same steps, batches, schedule and seeds, compared seed by seed (paired differences).
 
     python sweep.py                # 10 variants x 2 points x 10 seeds = 200 runs of <= 1500 steps, 2 at a time:
-                                   #   about 65 min on the 2-core CPU (runs stop once 99% of the held-out answers are right)
-    python sweep.py --quick        # 4 variants x 2 points x 2 seeds: a pipeline check (about 5 min)
+                                   #   about 90 min on the 2-core CPU (runs stop once 99% of the held-out answers are right)
+    python sweep.py --quick        # 4 variants x 2 points x 2 seeds: a pipeline check (about 6 min)
     python sweep.py report         # rebuild sweep.md, sweep.json, sweep.csv and sweep.png from the finished runs
     python sweep.py robust         # the recipe under small changes (level rounding, ramp length, data stream, init
-                                   #   not shared): MHA/GQA-4/GQA-2 x 5 seeds each, about 30 min; then its report
+                                   #   not shared): MHA/GQA-4/GQA-2 x 5 seeds each, about 35 min; then its report
     python sweep.py robust-report  # rebuild robust.md
 
 The primary measure is learning speed: steps to 50/90/99% held-out accuracy (interpolated between the evals, every
