@@ -77,7 +77,11 @@ def gpu_spec(name):
 
 # ---- timing, for the benchmarks: medians of interleaved calls, the device synchronised around each ----
 def synchronize(device_type):
-    {"cuda": torch.cuda.synchronize, "mps": lambda: torch.mps.synchronize()}.get(device_type, lambda: None)()
+    """Waits for the device's queued work (CPU work is synchronous: nothing to wait for)."""
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+    elif device_type == "mps":
+        torch.mps.synchronize()
 
 
 def timed(fn, device_type="cpu"):

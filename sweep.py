@@ -392,7 +392,8 @@ def cmd_robust_report(cfg):
 
 def main():
     command, cfg = parse_args(sys.argv[1:])
-    torch.set_num_threads(cfg["threads"]) if cfg["threads"] else None
+    if cfg["threads"]:
+        torch.set_num_threads(cfg["threads"])
     {"run": cmd_run, "report": cmd_report, "robust": cmd_robust, "robust-report": cmd_robust_report}[command](cfg)
 
 
