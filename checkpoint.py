@@ -4,6 +4,7 @@ nanoVHA checkpoints: written atomically, loaded with clear errors, in one place 
 A checkpoint is a dict with "model" (state_dict) and "model_args" (GPTConfig fields); train.py adds the
 optimizer, iteration and dataset meta. Checkpoints from before the fused projections or the padded vocab load too.
 """
+import json
 import os
 import tempfile
 from dataclasses import fields
@@ -116,3 +117,62 @@ def model_from_checkpoint(ckpt, device="cpu"):
         raise ValueError(f"the checkpoint holds no loadable model ({type(e).__name__}: {reason}); "
                          f"use a checkpoint written by train.py or fold.py") from None
     return model.to(device)
+
+
+def resume_problem(ckpt, path):
+    """Why train.py cannot continue this checkpoint (its optimizer state must match the model's parameters),
+    or None. The message starts with the path: "cannot resume " + it reads as one line."""
+    missing = [k for k in ("optimizer", "iter_num", "best_val_loss", "meta") if k not in ckpt]
+    if missing:
+        return (f"{path}: it has no {', '.join(missing)}: it is a model-only checkpoint (e.g. folded), not one train.py "
+                f"wrote; start a new run with --init_from=scratch in another --out_dir")
+    old = ("q/k/v and gate/up were fused into one projection each, so its optimizer state does not match this model's "
+           "parameters" if any(map(is_unfused, ckpt["model"])) else
+           "the vocab was padded to a multiple of 64, so its optimizer state does not match this model's embedding"
+           if is_unpadded(ckpt) else None)
+    if old:
+        return (f"{path}: it was written before {old}; sample.py, fold.py and bench_decode.py still load it (converted "
+                f"on load), but to train on, start a new run (or an older checkout of the repo)")
+    return None
+
+
+def vocab_problem(meta_a, name_a, meta_b, name_b):
+    """Why a model trained on meta_a's tokens cannot read meta_b's data (or be compared with a model of it), or None."""
+    a, b = [(m.get("tokenizer"), m["vocab_size"], m.get("stoi") or m.get("rows")) for m in (meta_a, meta_b)]
+    if a == b:
+        return None
+    other = ("other characters" if a[0] == "char" else "another recall task spec") if a[:2] == b[:2] else f"the {b[0]} tokenizer ({b[1]} tokens)"
+    return f"vocab mismatch: {name_a} was trained with the {a[0]} tokenizer ({a[1]} tokens) but {name_b} has {other}"
+
+
+def prepare_out_dir(out_dir, ckpt_path, resuming):
+    """Before any data or training: out_dir exists and is writable, the temp file of a checkpoint write that a crash
+    cut short is gone, and a new run will not overwrite a checkpoint. Raises ValueError."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        raise ValueError(f"out_dir {out_dir!r} is not writable ({e.strerror}); choose another --out_dir") from None
+    for name in os.listdir(out_dir):
+        if name.startswith(".tmp_" + os.path.basename(ckpt_path)):
+            os.remove(os.path.join(out_dir, name))
+    if not resuming and os.path.exists(ckpt_path):
+        raise ValueError(f"{ckpt_path} exists and init_from='scratch' would overwrite it; continue it with "
+                         f"--init_from=resume, or choose a new --out_dir (or delete it)")
+
+
+def cut_log(log_path, iter_num):
+    """On resume: drop the log rows of iterations from iter_num on (they will be redone) and a last line that a crash
+    cut short. The file is replaced in one step, so a crash now cannot lose the log."""
+    def before(line):
+        try:
+            return json.loads(line)["iter"] < iter_num
+        except ValueError:
+            return False
+    if os.path.exists(log_path):
+        with open(log_path) as f:
+            rows = [line.rstrip("\n") + "\n" for line in f if before(line)]
+        with open(log_path + ".tmp", "w") as f:
+            f.writelines(rows)
+        os.replace(log_path + ".tmp", log_path)

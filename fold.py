@@ -24,6 +24,7 @@ import torch
 from configurator import ConfigError, configure
 from data.common import gpt2_encoding
 from checkpoint import VOCAB_ROWS, load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
+from health import layer_health
 from model import GPT
 
 # -----------------------------------------------------------------------------
@@ -103,7 +104,7 @@ def analysis(model):
     same_group = heads[:, None] // group == heads[None, :] // group  # (H, H)
     rows = []
     for block in model.blocks:
-        h, row = block.attn.health(), {}  # the same per-layer numbers train.py logs (averaged) via vha_health
+        h, row = layer_health(block.attn), {}  # the same per-layer numbers train.py logs (averaged) via vha_health
         if "premix_dev" in h:
             row["premix_dev"] = h["premix_dev"].tolist()
         if "premix_group_div" in h:

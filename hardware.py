@@ -76,6 +76,13 @@ def gpu_spec(name):
 
 
 # ---- timing, for the benchmarks: medians of interleaved calls, the device synchronised around each ----
+def compile_counters():
+    """What torch.compile did so far in this process: graphs compiled (training and eval: 2; more at every eval means
+    recompiles) and graph breaks."""
+    from torch._dynamo.utils import counters
+    return {"compiled_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
+
+
 def synchronize(device_type):
     """Waits for the device's queued work (CPU work is synchronous: nothing to wait for)."""
     if device_type == "cuda":

@@ -2,7 +2,8 @@
 nanoVHA model: a Qwen3-style decoder with GQA and Virtual Head Attention (VHA), in one file.
 
 Reads top to bottom: RMSNorm, RoPE, attention (GQA + VHA premix/postmix, KV cache), MLP, block,
-config, model (forward, prefill/decode, generate, cost accounting, VHA health, fold). Checkpoint I/O: checkpoint.py.
+config, model (forward, prefill/decode, generate, cost accounting, fold). Checkpoint I/O: checkpoint.py; what
+premix and postmix learned (health signals): health.py.
 
 VHA in one picture (H_v=8 virtual query heads, H_kv=2 KV heads, H_p=H_v/H_kv=4 physical q projections):
 
@@ -200,25 +201,6 @@ class Attention(nn.Module):
         """M = I + V U^T, (H, H): the linear postmix as one operator on the head axis."""
         V, U = self.postmix_V, self.postmix_U
         return torch.eye(V.size(0), dtype=V.dtype, device=V.device) + V @ U.t()
-
-    @torch.no_grad()
-    def health(self):
-        """This layer's VHA health in float64 (definitions in GPT.vha_health): premix_dev per group (H_kv,),
-        premix_group_div, postmix_M, postmix_sigma_max, postmix_offdiag_share."""
-        c, out = self.cfg, {}
-        if c.has_premix:
-            E = (self.premix.double() - torch.eye(c.head_dim, dtype=torch.float64, device=self.premix.device)).flatten(1)  # (H_kv, d*d)
-            out["premix_dev"] = E.norm(dim=1)  # ||P_g - I||_F
-            if c.n_kv_head > 1:
-                pair = (E[:, None] - E[None]).pow(2).sum(-1)  # (H_kv, H_kv): ||P_g - P_g'||^2
-                out["premix_group_div"] = pair.sum() / (c.n_kv_head * (c.n_kv_head - 1)) / E.pow(2).sum(1).mean().clamp_min(1e-30)
-        if c.has_postmix:
-            M = self.postmix_matrix().double()
-            eye = torch.eye(M.size(0), dtype=M.dtype, device=M.device)
-            out["postmix_M"] = M
-            out["postmix_sigma_max"] = torch.linalg.matrix_norm(M - eye, ord=2)  # of V U^T
-            out["postmix_offdiag_share"] = (M * (1 - eye)).pow(2).sum() / M.pow(2).sum()
-        return out
 
     def project(self, x):
         """x (B, T, D) -> q (B, T, H_p, d), k and v (B, T, H_kv, d): one matmul x [W_q; W_k; W_v]^T, split."""
@@ -573,31 +555,6 @@ class GPT(nn.Module):
     def kv_bytes_per_token(self, dtype=torch.bfloat16):
         """Bytes the cache holds per token: layers x (2 x KV heads x head_dim, or MLA's r + d_R) x element size."""
         return self.cfg.kv_values_per_token * torch.empty((), dtype=dtype).element_size()
-
-    # ---- VHA health (cheap, no grad): is premix/postmix learning anything? ----
-    @torch.no_grad()
-    def vha_health(self, idx=None):
-        """Layer means of: premix_dev ||P_g - I||_F; premix_group_div mean_{g!=g'} ||P_g - P_g'||^2 /
-        mean_g ||P_g - I||^2 (0 = groups identical, about 2 = independent); postmix_sigma_max sigma_max(V U^T);
-        postmix_offdiag_share (share of ||M||_F^2 off the diagonal); with a batch idx, postmix_rel_delta
-        ||a' - a|| / ||a|| per token (0 at init)."""
-        c, attns = self.cfg, [b.attn for b in self.blocks]
-        if c.attn != "vha":
-            return {}  # no premix or postmix
-        rows = [a.health() for a in attns]
-        out = {k: sum(float(r[k].mean()) for r in rows) / len(rows) for k in rows[0] if k != "postmix_M"}
-        if c.has_postmix and idx is not None:  # one eval-mode forward that records ||a' - a|| / ||a||
-            was_training = self.training
-            for a in attns:
-                a.record_postmix = True
-            try:
-                self.eval()(idx)
-            finally:
-                for a in attns:
-                    a.record_postmix = False
-                self.train(was_training)
-            out["postmix_rel_delta"] = sum(a.postmix_ratio for a in attns) / len(attns)
-        return out
 
     # ---- fold: a trained VHA model IS a GQA model ----
     @torch.no_grad()

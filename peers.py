@@ -19,9 +19,29 @@ import threading
 import time
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 ROLL_CALL_S = 5  # a live process answers in milliseconds
+
+
+def start_ddp(device, gradient_accumulation_steps, timeout_s):
+    """Joins the process group torchrun launched (nccl on GPUs, gloo on CPU); one GPU per local rank.
+    Returns (rank, local_rank, world_size, device); raises ValueError for a launch that cannot work."""
+    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    if gradient_accumulation_steps % world_size:
+        raise ValueError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the "
+                         f"{world_size} processes (it is the global number of micro-steps)")
+    cuda = device.startswith("cuda")
+    if cuda:
+        gpus = torch.cuda.device_count()
+        if local_rank >= gpus:
+            raise ValueError(f"{local_rank + 1}+ processes on this node but only {gpus} GPUs; use --nproc_per_node={gpus}")
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+    return rank, local_rank, world_size, device
+
 
 
 class Stopped(Exception):

@@ -14,27 +14,25 @@ import dataclasses
 import json
 import math
 import os
-import pickle
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 import zlib
 from contextlib import nullcontext
-from datetime import timedelta
 
-import numpy as np
 import torch
-from torch.distributed import destroy_process_group, init_process_group
+from torch.distributed import destroy_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import ConfigError, configure, need, resolve_device
-from hardware import choose_dtype, gpu_spec
+from hardware import choose_dtype, compile_counters, gpu_spec
+from health import vha_health
+from data.dataset import DATA_ROOT, Dataset, prepare_if_missing
 from data.recall import tasks as recall_tasks
-from checkpoint import is_unfused, is_unpadded, load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import (cut_log, load_checkpoint, model_from_checkpoint, prepare_out_dir, resume_problem, save_checkpoint,
+                        vocab_problem)
 from model import GPT, GPTConfig
-from peers import PeerWatch
+from peers import PeerWatch, start_ddp
 
 # -----------------------------------------------------------------------------
 # defaults (overridden by config/*.py files and --key=value); nanoGPT's names where it has the knob
@@ -140,15 +138,10 @@ if init_from == "scratch":  # bad head/rank/width combinations fail now, before 
 ddp = int(os.environ.get("RANK", -1)) != -1
 device_type = device.split(":")[0]
 if ddp:
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
-    need(gradient_accumulation_steps % world_size == 0, f"gradient_accumulation_steps={gradient_accumulation_steps} must be "
-         f"a multiple of the {world_size} processes (it is the global number of micro-steps)")
-    if device_type == "cuda":
-        need(local_rank < torch.cuda.device_count(), f"{local_rank + 1}+ processes on this node but only "
-             f"{torch.cuda.device_count()} GPUs; use --nproc_per_node={torch.cuda.device_count()}")
-        device = f"cuda:{local_rank}"
-        torch.cuda.set_device(device)
-    init_process_group(backend="nccl" if device_type == "cuda" else "gloo", timeout=timedelta(seconds=ddp_timeout))
+    try:
+        rank, local_rank, world_size, device = start_ddp(device, gradient_accumulation_steps, ddp_timeout)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     watch = PeerWatch(rank, world_size, lambda *why: peer_died(*why))  # peer_died (below) reads the run's state
 else:
     rank, local_rank, world_size = 0, 0, 1
@@ -168,32 +161,16 @@ if device_type == "cuda":
 ckpt_path, log_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
 if master:
     try:
-        os.makedirs(out_dir, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as e:
-        sys.exit(f"error: out_dir {out_dir!r} is not writable ({e.strerror}); choose another --out_dir")
-    for name in os.listdir(out_dir):  # the temp file of a checkpoint write that a crash cut short
-        if name.startswith(".tmp_ckpt.pt"):
-            os.remove(os.path.join(out_dir, name))
-    need(init_from == "resume" or not os.path.exists(ckpt_path), f"{ckpt_path} exists and init_from='scratch' would "
-         f"overwrite it; continue it with --init_from=resume, or choose a new --out_dir (or delete it)")
+        prepare_out_dir(out_dir, ckpt_path, resuming=init_from == "resume")
+    except ValueError as e:
+        sys.exit(f"error: {e}")
 iter_num, best_val_loss, elapsed_before, ckpt = 0, float("inf"), 0.0, None
 if init_from == "resume":  # read the checkpoint first: a bad one fails before any data is prepared
     try:
         ckpt = load_checkpoint(ckpt_path)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: cannot resume: {e}")
-    missing = [k for k in ("optimizer", "iter_num", "best_val_loss", "meta") if k not in ckpt]
-    need(not missing, f"cannot resume: {ckpt_path} has no {', '.join(missing)}: it is a model-only checkpoint "
-         f"(e.g. folded), not one train.py wrote; start a new run with --init_from=scratch in another --out_dir")
-    need(not any(map(is_unfused, ckpt["model"])),
-         f"cannot resume {ckpt_path}: it was written before q/k/v and gate/up were fused into one projection each, so "
-         f"its optimizer state does not match this model's parameters; sample.py, fold.py and bench_decode.py still load "
-         f"it (converted on load), but to train on, start a new run (or an older checkout of the repo)")
-    need(not is_unpadded(ckpt), f"cannot resume {ckpt_path}: it was written before the vocab was padded to a multiple of 64, so its "
-         f"optimizer state does not match this model's embedding; sample.py, fold.py and bench_decode.py still load it (padded "
-         f"on load), but to train on, start a new run (or an older checkout of the repo)")
+    need(not (problem := resume_problem(ckpt, ckpt_path)), f"cannot resume {problem}")
     iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
     need(eval_only or iter_num <= max_iters, f"the checkpoint is at iteration {iter_num}, past max_iters={max_iters}; "
          f"raise --max_iters to train further")
@@ -207,38 +184,17 @@ if init_from == "resume":  # read the checkpoint first: a bad one fails before a
         f"{k}={config[k]!r} (checkpoint: {getattr(model.cfg, k)!r})" for k in typed) + "; drop them or start a new --out_dir")
 
 # data: uint16 token bins (text) or a row spec + held-out rows (data/recall), and meta.pkl; prepared on first use
-data_dir = data_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
-if master and not any(os.path.exists(os.path.join(data_dir, n)) for n in ("meta.pkl", "train.bin")):  # not prepared yet;
-    # a folder with only one of them is damaged: it is reported below, never prepared over
-    prepare = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset, "prepare.py")
-    need(os.path.exists(prepare), f"no data in {data_dir} and no data/{dataset}/prepare.py to make it; prepare "
-         f"it yourself (e.g. python data/text/prepare.py --input FILE --out_dir {data_dir})")
-    print(f"preparing {dataset} into {data_dir} (first use) ...", flush=True)
-    if subprocess.run([sys.executable, prepare, "--out_dir", data_dir]).returncode != 0:
-        sys.exit(1)  # prepare.py printed the one-line error; nothing was trained
-if ddp:
-    torch.distributed.barrier()
+data_dir = data_dir or os.path.join(DATA_ROOT, dataset)
 try:
-    with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
-        meta = pickle.load(f)
-    vocab_size, row_spec = meta["vocab_size"], meta.get("rows")
-    if row_spec:  # rows: training batches are generated from the spec, val rows are stored (held out)
-        with np.load(os.path.join(data_dir, "val.npz")) as f:
-            val_rows = torch.from_numpy(f["x"].astype(np.int64)), torch.from_numpy(f["y"].astype(np.int64))
-    else:  # text: one token stream per split, batches are random windows of it
-        splits = {s: np.memmap(os.path.join(data_dir, f"{s}.bin"), dtype=np.uint16, mode="r") for s in ("train", "val")}
-except (OSError, ValueError, EOFError, KeyError, pickle.UnpicklingError) as e:
-    sys.exit(f"error: the dataset in {data_dir} is incomplete or corrupt ({type(e).__name__}: {e}); run its "
-             f"prepare.py again (or delete the folder to have it prepared on first use)")
-if row_spec:
-    need(block_size >= meta["row_length"], f"rows of {data_dir} are {meta['row_length']} tokens, longer than "
-         f"block_size={block_size}; raise --block_size")
-else:
-    need(curriculum_iters == 0, f"curriculum_iters={curriculum_iters} needs a row dataset (data/recall); {data_dir} is text")
-    for s, data in splits.items():
-        need(len(data) > block_size, f"{data_dir}/{s}.bin has {len(data)} tokens, fewer than block_size+1={block_size + 1}; lower block_size")
-seq_len = meta["row_length"] if row_spec else block_size  # the length of every training batch
-tokens_per_iter = gradient_accumulation_steps * batch_size * seq_len
+    if master:
+        prepare_if_missing(data_dir, dataset)
+    if ddp:
+        torch.distributed.barrier()
+    data = Dataset(data_dir, block_size, curriculum_iters, curriculum_mode)
+except ValueError as e:
+    sys.exit(f"error: {e}")
+meta, vocab_size, row_spec = data.meta, data.vocab_size, data.rows
+tokens_per_iter = gradient_accumulation_steps * batch_size * data.seq_len
 
 
 def difficulty(it):
@@ -247,17 +203,8 @@ def difficulty(it):
 
 
 def get_batch(split, generator, frac=1.0):
-    """(x, y) of (batch_size, T). Text: random windows, y = x shifted by one. Rows: whole generated
-    rows at curriculum progress frac, y = -1 except at the answers (the loss ignores -1)."""
-    if row_spec:
-        x, y = recall_tasks.batch(row_spec, batch_size, np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator))), frac,
-                                  curriculum_mode)
-        x, y = torch.from_numpy(x), torch.from_numpy(y)
-    else:
-        data = splits[split]
-        ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
-        x = torch.stack([torch.from_numpy(data[i:i + block_size].astype(np.int64)) for i in ix.tolist()])
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + block_size].astype(np.int64)) for i in ix.tolist()])
+    """(x, y) of (batch_size, T) on the device; the loss ignores y = -1 (rows: all but the answers)."""
+    x, y = data.batch(split, batch_size, generator, frac)
     if device_type == "cuda":  # pinned host memory: the copy is asynchronous, the next micro-step need not wait for it
         x, y = x.pin_memory(), y.pin_memory()
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -269,19 +216,10 @@ def rng(it, micro):
     return torch.Generator().manual_seed(seed * 1_000_003 + it * 4099 + micro + data_stream * 2_654_435_761)
 
 
-def logged_before(line, it):
-    """A log row of an iteration before `it`; a line cut short by a crash is dropped."""
-    try:
-        return json.loads(line)["iter"] < it
-    except ValueError:
-        return False
-
-
 # model
 if ckpt is not None:
-    was, now = [(m.get("tokenizer"), m["vocab_size"], m.get("stoi") or m.get("rows")) for m in (ckpt["meta"], meta)]
-    need(was == now, f"vocab mismatch: the checkpoint was trained with the {was[0]} tokenizer ({was[1]} tokens) but {data_dir} "
-         f"has " + (("other characters" if was[0] == "char" else "another recall task spec") if was[:2] == now[:2] else f"the {now[0]} tokenizer ({now[1]} tokens)") + "; resume with the dataset it was trained on")
+    need(not (problem := vocab_problem(ckpt["meta"], "the checkpoint", meta, data_dir)),
+         f"{problem}; resume with the dataset it was trained on")
     n_params = model.num_params()
 else:
     model_args = dict({k: config[k] for k in model_fields}, vocab_size=vocab_size)
@@ -342,7 +280,7 @@ def estimate_loss():
     for split in ("train", "val"):
         gen = torch.Generator().manual_seed(seed + (1 if split == "val" else 2))
         if row_spec and split == "val":
-            x_all, y_all = val_rows
+            x_all, y_all = data.val_rows
             losses, preds = [], []
             for i in range(0, len(x_all), batch_size):
                 x, y = x_all[i:i + batch_size].to(device), y_all[i:i + batch_size].to(device)
@@ -364,15 +302,11 @@ def estimate_loss():
 
 
 peak = gpu_spec(torch.cuda.get_device_name())[0] if device_type == "cuda" else None  # for MFU; None: CPU or unknown GPU
-flops_per_iter = raw_model.flops_per_token(seq_len, training=True) * tokens_per_iter
+flops_per_iter = raw_model.flops_per_token(data.seq_len, training=True) * tokens_per_iter
 
 if master:
-    if init_from == "resume" and os.path.exists(log_path):  # drop rows past the checkpoint: they will be redone
-        with open(log_path) as f:
-            rows = [line.rstrip("\n") + "\n" for line in f if logged_before(line, iter_num)]
-        with open(log_path + ".tmp", "w") as f:  # replaced in one step: a crash now cannot lose the log
-            f.writelines(rows)
-        os.replace(log_path + ".tmp", log_path)
+    if init_from == "resume":
+        cut_log(log_path, iter_num)
     elif init_from == "scratch":
         open(log_path, "w").close()
     print(f"{raw_model.cfg.attn} model: {raw_model.num_params() / 1e6:.2f}M params, KV cache "
@@ -383,14 +317,6 @@ if master:
     if wandb_log:
         import wandb
         wandb.init(project=wandb_project, name=wandb_run_name, config=config)
-
-
-def compile_stats():
-    """With compile: graphs compiled so far (training and eval: 2; more at every eval means recompiles) and graph breaks."""
-    if not compile:
-        return {}
-    from torch._dynamo.utils import counters
-    return {"compiled_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
 
 
 def log(row):
@@ -467,8 +393,8 @@ while True:
             elapsed = time.time() - t_start
             row = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"], "time": elapsed,
                    "tokens": iter_num * tokens_per_iter, **{k: losses[k] for k in ("val_acc", "val_exact") if k in losses},
-                   **({"difficulty": recall_tasks.level(row_spec, difficulty(iter_num), curriculum_mode)} if row_spec else {}),
-                   **raw_model.vha_health(health_batch), **compile_stats(), **({"stopped": True} if stop_now else {})}
+                   **({"difficulty": data.level(difficulty(iter_num))} if row_spec else {}),
+                   **vha_health(raw_model, health_batch), **(compile_counters() if compile else {}), **({"stopped": True} if stop_now else {})}
             log(row)
             say(f"step {iter_num}: train {losses['train']:.4f}, val {losses['val']:.4f}"
                 + (f", val acc {losses['val_acc']:.1%}" if row_spec else "") + f", {elapsed:.0f}s"

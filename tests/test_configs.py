@@ -22,8 +22,10 @@ def load(*paths):
 
 
 def model_of(settings):
+    """The config's model on the meta device: shapes and costs without allocating (or initialising) 120M weights."""
     args = {k: v for k, v in settings.items() if k in MODEL_KEYS}
-    return GPT(GPTConfig(**{"vocab_size": 84, **args}))
+    with torch.device("meta"):
+        return GPT(GPTConfig(**{"vocab_size": 84, **args}))
 
 
 ABLATIONS = sorted(glob.glob(os.path.join(ROOT, "config", "ablations", "*.py")))

@@ -12,6 +12,7 @@ import fold
 from conftest import TINY_MODEL, run
 from data.common import gpt2_encoding, gpt2_meta, load_tokenizer
 from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from health import vha_health
 from model import GPT, GPTConfig
 from test_model import make
 
@@ -134,7 +135,7 @@ def test_plot_handles_every_variant(kw, tmp_path, monkeypatch):
     for r in rows:
         if "M" in r:
             assert 0 < r["offdiag_share"] < 1 and 0 <= r["intra_group_share"] <= 1 and r["sigma_max"] > 0
-    health = model.vha_health()  # the same definitions as train.py's log, averaged over layers
+    health = vha_health(model)  # the same definitions as train.py's log, averaged over layers
     if model.cfg.has_premix:
         assert sum(sum(r["premix_dev"]) / len(r["premix_dev"]) for r in rows) / 2 == pytest.approx(health["premix_dev"])
     if "premix_group_div" in health:

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import fuse_projections, is_unpadded, model_from_checkpoint, split_projections
+from health import vha_health
 from model import GPT, GPTConfig, grouped_decode_attention, plain_attention, rope_cos_sin
 
 VARIANTS = {
@@ -207,15 +208,15 @@ def test_cost_accounting_by_hand():
 
 def test_vha_health_signals():
     model = make(scramble=False, **VARIANTS["vha"])
-    h = model.vha_health(torch.randint(0, 37, (2, 16)))
+    h = vha_health(model, torch.randint(0, 37, (2, 16)))
     assert h["postmix_sigma_max"] == 0 and h["postmix_offdiag_share"] == 0 and h["postmix_rel_delta"] == 0
     d = model.cfg.head_dim
     assert h["premix_dev"] == pytest.approx(0.1 / math.sqrt(d) * d, rel=0.3)  # ||0.1/sqrt(d) N||_F ~ 0.1 sqrt(d)
     assert 1.0 < h["premix_group_div"] < 3.0  # independent draws: about 2
-    scrambled = make(**VARIANTS["vha"]).vha_health(torch.randint(0, 37, (2, 16)))
+    scrambled = vha_health(make(**VARIANTS["vha"]), torch.randint(0, 37, (2, 16)))
     assert scrambled["postmix_sigma_max"] > 0.1 and 0 < scrambled["postmix_offdiag_share"] < 1
     assert scrambled["postmix_rel_delta"] > 0.01
-    assert make(**VARIANTS["gqa"]).vha_health() == {}
+    assert vha_health(make(**VARIANTS["gqa"])) == {}
 
 
 @pytest.mark.parametrize("name", ["gqa", "vha"])

@@ -1,0 +1,81 @@
+"""
+What train.py reads from a prepared data folder, in one place:
+
+- text (data/shakespeare_char, data/shakespeare, data/text, data/fineweb_edu): train.bin / val.bin, one uint16
+  token stream per split; a batch is batch_size random windows of block_size tokens, y = x shifted by one.
+- rows (data/recall): meta.pkl holds a task spec; training rows are generated from it at a curriculum level,
+  val.npz holds the held-out rows. y is -1 except at the answers, so the loss ignores the rest.
+"""
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+from data.recall import tasks as recall_tasks
+
+DATA_ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def prepare_if_missing(data_dir, dataset):
+    """Runs data/<dataset>/prepare.py into data_dir when the folder has neither meta.pkl nor train.bin. A folder
+    with only one of them is damaged: Dataset reports it, nothing is prepared over it. Raises ValueError."""
+    if any(os.path.exists(os.path.join(data_dir, n)) for n in ("meta.pkl", "train.bin")):
+        return
+    prepare = os.path.join(DATA_ROOT, dataset, "prepare.py")
+    if not os.path.exists(prepare):
+        raise ValueError(f"no data in {data_dir} and no data/{dataset}/prepare.py to make it; prepare it yourself "
+                         f"(e.g. python data/text/prepare.py --input FILE --out_dir {data_dir})")
+    print(f"preparing {dataset} into {data_dir} (first use) ...", flush=True)
+    if subprocess.run([sys.executable, prepare, "--out_dir", data_dir]).returncode != 0:
+        sys.exit(1)  # prepare.py printed the one-line error; nothing was trained
+
+
+class Dataset:
+    """A prepared folder: .meta (meta.pkl), .rows (the row spec, None for text), .seq_len (every batch's length)."""
+
+    def __init__(self, data_dir, block_size, curriculum_iters=0, curriculum_mode="ramp"):
+        self.data_dir, self.block_size, self.curriculum_mode = data_dir, block_size, curriculum_mode
+        try:
+            with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
+                self.meta = pickle.load(f)
+            self.vocab_size, self.rows = self.meta["vocab_size"], self.meta.get("rows")
+            if self.rows:
+                with np.load(os.path.join(data_dir, "val.npz")) as f:
+                    self.val_rows = torch.from_numpy(f["x"].astype(np.int64)), torch.from_numpy(f["y"].astype(np.int64))
+            else:
+                self.splits = {s: np.memmap(os.path.join(data_dir, f"{s}.bin"), dtype=np.uint16, mode="r") for s in ("train", "val")}
+        except (OSError, ValueError, EOFError, KeyError, pickle.UnpicklingError) as e:
+            raise ValueError(f"the dataset in {data_dir} is incomplete or corrupt ({type(e).__name__}: {e}); run its "
+                             f"prepare.py again (or delete the folder to have it prepared on first use)") from None
+        if self.rows:
+            if block_size < self.meta["row_length"]:
+                raise ValueError(f"rows of {data_dir} are {self.meta['row_length']} tokens, longer than "
+                                 f"block_size={block_size}; raise --block_size")
+        elif curriculum_iters:
+            raise ValueError(f"curriculum_iters={curriculum_iters} needs a row dataset (data/recall); {data_dir} is text")
+        else:
+            for s, data in self.splits.items():
+                if len(data) <= block_size:
+                    raise ValueError(f"{data_dir}/{s}.bin has {len(data)} tokens, fewer than block_size+1={block_size + 1}; "
+                                     f"lower block_size")
+        self.seq_len = self.meta["row_length"] if self.rows else block_size
+
+    def batch(self, split, batch_size, generator, frac=1.0):
+        """(x, y), each (batch_size, seq_len) int64 on the CPU, drawn from `generator`. Rows: generated at
+        curriculum progress frac (training; the stored held-out rows are val_rows)."""
+        if self.rows:
+            rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator)))
+            x, y = recall_tasks.batch(self.rows, batch_size, rng, frac, self.curriculum_mode)
+            return torch.from_numpy(x), torch.from_numpy(y)
+        data, T = self.splits[split], self.block_size
+        starts = torch.randint(len(data) - T, (batch_size,), generator=generator).tolist()
+        x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts])  # (B, T)
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in starts])  # (B, T)
+        return x, y
+
+    def level(self, frac):
+        """The curriculum level (a task knob, e.g. pairs per row) at progress frac, for the log."""
+        return recall_tasks.level(self.rows, frac, self.curriculum_mode)

@@ -1,0 +1,56 @@
+"""The README and docs/ as a reader meets them: every relative link resolves (file and #anchor), and the README
+stays a guide (at most 300 lines and 20,000 characters)."""
+import glob
+import os
+import re
+
+import pytest
+
+from conftest import ROOT
+
+DOCS = ["README.md", "CONTRIBUTING.md", "data/README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target)
+
+
+def slug(heading):
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path):
+    with open(path) as f:
+        text = re.sub(r"```.*?```", "", f.read(), flags=re.S)  # no headings inside code blocks
+    return {slug(m) for m in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
+def links(path):
+    with open(path) as f:
+        text = re.sub(r"```.*?```", "", f.read(), flags=re.S)
+    return [t for t in LINK.findall(text) if not re.match(r"[a-z]+:", t)]  # relative only (no http:, mailto:)
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_relative_links_resolve(doc):
+    path = os.path.join(ROOT, doc)
+    assert os.path.exists(path), f"{doc} is missing"
+    broken = []
+    for target in links(path):
+        file, _, anchor = target.partition("#")
+        dest = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+        if not os.path.exists(dest):
+            broken.append(f"{target} (no file {os.path.relpath(dest, ROOT)})")
+        elif anchor and dest.endswith(".md") and anchor not in anchors(dest):
+            broken.append(f"{target} (no heading #{anchor})")
+    assert not broken, f"{doc}: broken links: " + ", ".join(broken)
+
+
+def test_slug_matches_github():
+    assert slug("The demo: beating nanoGPT's CPU recipe with a 2-KV-head model") == \
+        "the-demo-beating-nanogpts-cpu-recipe-with-a-2-kv-head-model"
+    assert slug("Tests and CI") == "tests-and-ci"
+
+
+def test_readme_is_a_guide():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    assert len(text.splitlines()) <= 300 and len(text) <= 20_000, (len(text.splitlines()), len(text))
