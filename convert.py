@@ -28,7 +28,6 @@ from dataclasses import asdict
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from configurator import ConfigError, configure
 from data.common import load_tokenizer

@@ -1,15 +1,12 @@
 """Hugging Face Qwen3 import (checkpoint.model_from_hf): a random Qwen3 that transformers creates and saves gives
 transformers' logits here; what this repo cannot express is refused by name; sample.py uses the folder's tokenizer."""
 import json
-import os
-from dataclasses import asdict
 
 import pytest
 import torch
 
 from conftest import run
-from checkpoint import load_checkpoint, model_from_checkpoint, model_from_hf, save_checkpoint
-from model import GPT, GPTConfig
+from checkpoint import load_checkpoint, model_from_checkpoint, model_from_hf
 
 transformers = pytest.importorskip("transformers", reason="the Qwen3 import tests need transformers (pip install transformers)")
 CHARS = "abcdefghijklmnopqrstuvwxyz .,:;!?\n'ROMEJULIT"
@@ -106,3 +103,18 @@ def test_sample_py_names_what_is_missing(tmp_path):
     assert proc.returncode != 0 and line.startswith("error: no tokenizer: Hugging Face folder") and str(tmp_path / "bare") in line
     proc = run("sample.py", f"--hf_dir={tmp_path / 'nothing'}", "--max_new_tokens=2", "--device=cpu", check=False)
     assert "config.json not found: give a Hugging Face model folder" in proc.stderr
+
+
+def test_a_qwen3_folder_converts_and_the_result_samples_with_its_tokenizer(tmp_path, capsys):
+    import convert
+    save_qwen3(str(tmp_path / "hf"))
+    calib = tmp_path / "calib.txt"
+    calib.write_text("ROMEO: what light through yonder window breaks? it is the east.\n" * 8)
+    convert.main([f"--src={tmp_path / 'hf'}", f"--out_dir={tmp_path / 'vha'}", "--n_kv_head=1", f"--calib={calib}", "--calib_len=48"])
+    printed = capsys.readouterr().out
+    assert "target: VHA 4 virtual / 4 physical Q / 1 KV heads: KV cache 2x smaller" in printed and f"x 48 tokens of {calib}" in printed
+    ckpt = load_checkpoint(str(tmp_path / "vha" / "ckpt.pt"))
+    assert ckpt["kind"] == "converted" and ckpt["meta"]["tokenizer"] == "hf" and ckpt["config"] == {}
+    assert model_from_checkpoint(ckpt).cfg.head_dim == 32
+    proc = run("sample.py", f"--out_dir={tmp_path / 'vha'}", "--start=ROMEO:", "--temperature=0", "--max_new_tokens=5", "--num_samples=1")
+    assert proc.stdout.startswith("ROMEO:") and len(proc.stdout.splitlines()[0]) >= len("ROMEO:") + 1
