@@ -15,6 +15,8 @@ MLPs, W_o, lm_head) is copied. In float64, cast back:
     VHA queries:         W_q'[h] = W_q[h] for h < H_p (the group-0 source heads; P[0] = I)
                          P[g] = argmin_P sum_h ||A_h - P^T B_h||_F^2 + lam ||P||_F^2,  B_h = W_q[h], A_h = W_q[g*H_p + h]
                               = (B B^T + lam I)^{-1} B A^T   with B = [B_0 .. B_{H_p-1}], A likewise (d x H_p*D)
+                         --premix_fit=activations: the queries on calibration inputs X instead, C = X^T X:
+                         P[g] = (sum_h B_h C B_h^T + lam I)^{-1} sum_h B_h C A_h^T
                          postmix M = I + V U^T at the identity (V = 0, U ~ N(0, 0.01)); W_o inherited
     GQA target:          W_q unchanged (every source query head kept)
 
@@ -40,6 +42,7 @@ out_dir = "out-converted"
 out_name = "ckpt.pt"
 to = "vha"  # "vha" (premix + postmix over H_kv KV heads) or "gqa" (the mean-pooled baseline)
 n_kv_head = 2  # KV heads of the target; must divide the source's
+premix_fit = "weights"  # "weights": P from W_q alone; "activations": P fits the queries on the calibration tokens
 ridge = 1e-6  # premix ridge, relative: lam = ridge * tr(B B^T) / d (scale-free); 0 = plain least squares
 postmix_rank = 0  # rank r of V U^T; 0: GPTConfig's default max(1, n_head // 4)
 calib = ""  # calibration tokens: a .bin of uint16 ids, or a UTF-8 text file (source tokenizer); "": the source's val.bin, else random
@@ -88,32 +91,50 @@ def pool_heads(W, H_kv, d):
     return W.view(H_kv, H_src // H_kv, d, W.size(1)).mean(1).reshape(H_kv * d, W.size(1))  # (H_kv, r, d, D) -> (H_kv*d, D)
 
 
-def fit_premix(W_q, H_kv, d, lam_rel):
+def fit_premix(W_q, H_kv, d, lam_rel, C=None):
     """Source W_q (H_q*d, D), float64 -> (physical W_q (H_p*d, D), P (H_kv, d, d), relative error per group (H_kv,)).
     Virtual head j = g*H_p + h computes q_j = q_h P[g] = x (P[g]^T W_q[h])^T (model.fold_premix), so P[g]^T must take
     the group-0 weights B_h onto the source's A_h = W_q[g*H_p + h], jointly over h. Ridge least squares:
-        min_P sum_h ||A_h - P^T B_h||_F^2 + lam ||P||_F^2  =>  (B B^T + lam I) P = B A^T,   B, A: (d, H_p*D)
+        min_P sum_h ||A_h - P^T B_h||_F^2 + lam ||P||_F^2  =>  (sum_h B_h B_h^T + lam I) P = sum_h B_h A_h^T
+    With C = X^T X (D, D), the Gram of the layer's calibration inputs X, it fits the queries themselves instead:
+        min_P sum_h ||X A_h^T - X B_h^T P||_F^2 + lam ||P||^2  =>  (sum_h B_h C B_h^T + lam I) P = sum_h B_h C A_h^T
     The fit is on pre-norm q: QK-norm follows premix (model.Attention), so an exact fit gives the source's normed
-    queries exactly; an inexact one errs before the norm, which then rescales each token's error with its q."""
+    queries exactly; an inexact one errs before the norm, which then rescales each token's error with its q.
+    The error returned is on the weights, ||A - P^T B||_F / ||A||_F, whichever fit ran."""
     D = W_q.size(1)
     W = W_q.view(-1, d, D)  # (H_q, d, D)
     H_p = W.size(0) // H_kv
-    B = W[:H_p].transpose(0, 1).reshape(d, H_p * D)  # (d, H_p*D): [B_0 | B_1 | ...]
-    G = B @ B.T  # (d, d)
-    lam = lam_rel * G.diagonal().mean()
-    P = torch.empty(H_kv, d, d, dtype=W_q.dtype)
+    B = W[:H_p]  # (H_p, d, D): the group-0 source heads = the physical heads
+    BC = B if C is None else B @ C  # (H_p, d, D): B_h C
+    G = torch.einsum("hcD,heD->ce", BC, B)  # (d, d): sum_h B_h C B_h^T
+    lam = lam_rel * G.diagonal().mean()  # relative ridge: the same fit at any weight scale
+    P = torch.eye(d, dtype=W_q.dtype).repeat(H_kv, 1, 1)  # (H_kv, d, d); P[0] = I: group 0 IS the physical heads
     err = torch.zeros(H_kv, dtype=W_q.dtype)
-    P[0] = torch.eye(d, dtype=W_q.dtype)  # group 0 IS the physical heads
     for g in range(1, H_kv):
-        A = W[g * H_p:(g + 1) * H_p].transpose(0, 1).reshape(d, H_p * D)  # (d, H_p*D): [A_0 | A_1 | ...]
-        P[g] = torch.linalg.solve(G + lam * torch.eye(d, dtype=G.dtype), B @ A.T)  # (d, d)
+        A = W[g * H_p:(g + 1) * H_p]  # (H_p, d, D): the source heads group g must reproduce
+        P[g] = torch.linalg.solve(G + lam * torch.eye(d, dtype=G.dtype), torch.einsum("hcD,heD->ce", BC, A))  # (d, d)
         err[g] = (A - P[g].T @ B).norm() / A.norm().clamp_min(1e-300)  # ||A - P^T B||_F / ||A||_F
-    return W[:H_p].reshape(H_p * d, D), P, err
+    return B.reshape(H_p * d, D), P, err
 
 
 @torch.no_grad()
-def convert(source, target, H_kv, lam_rel=1e-6, rank=0, seed=0):
-    """The converted GPT (float32 or the source's dtype) and the premix fit errors, one (H_kv,) tensor per layer (VHA)."""
+def input_grams(source, tokens):
+    """Per layer, C = X^T X (D, D) in float64 of the attention inputs X = attn_norm(x) (N*T, D) on the tokens."""
+    grams = [0.0] * source.cfg.n_layer
+    for idx in tokens.split(batch_size):
+        x = source.embed(idx)  # (B, T, D)
+        cos, sin = rope_cos_sin(torch.arange(idx.size(1)), source.cfg.rope_dim, source.cfg.rope_theta, x.dtype)
+        for i, block in enumerate(source.blocks):
+            X = block.attn_norm(x).double().flatten(0, 1)  # (B*T, D)
+            grams[i] = grams[i] + X.T @ X
+            x = block(x, cos, sin)
+    return grams
+
+
+@torch.no_grad()
+def convert(source, target, H_kv, lam_rel=1e-6, rank=0, seed=0, grams=None):
+    """The converted GPT (in the source's dtype) and the premix fit errors, one (H_kv,) tensor per layer (VHA).
+    grams: per layer the Gram of the calibration inputs, to fit premix on activations (fit_premix's C), or None."""
     c = source.cfg
     cfg, d = target_config(c, target, H_kv, rank), c.head_dim
     state = dict(source.state_dict())  # every weight not rewritten below is copied
@@ -123,7 +144,7 @@ def convert(source, target, H_kv, lam_rel=1e-6, rank=0, seed=0):
         W = block.attn.qkv_proj.weight
         W_q, W_k, W_v = W.double().split(block.attn.qkv_split)  # (H_q*d, D), (H_src*d, D), (H_src*d, D)
         if target == "vha":
-            W_q, P, err = fit_premix(W_q, H_kv, d, lam_rel)
+            W_q, P, err = fit_premix(W_q, H_kv, d, lam_rel, None if grams is None else grams[i])
             fit_errors.append(err)
             state[f"blocks.{i}.attn.premix"] = P.to(W.dtype)
             state[f"blocks.{i}.attn.postmix_U"] = (0.01 * torch.randn(cfg.n_attn_head, cfg.vha_postmix_rank, generator=gen)).to(W)
@@ -222,6 +243,8 @@ def main(argv):
         sys.exit(f"error: {e}")
     if not src:
         sys.exit("error: give the model to convert: --src=HF_FOLDER (Qwen3) or --src=out_dir/ckpt.pt")
+    if premix_fit not in ("weights", "activations"):
+        sys.exit(f"error: --premix_fit={premix_fit!r}: choose 'weights' or 'activations'")
     if min(calib_batches, batch_size, calib_len - 1) < 1:
         sys.exit("error: calib_batches and batch_size must be >= 1 and calib_len >= 2")
     dst = os.path.join(out_dir, out_name)
@@ -235,11 +258,12 @@ def main(argv):
     if os.path.exists(dst) and os.path.realpath(dst) == os.path.realpath(src):
         sys.exit(f"error: {dst} is the source; choose another --out_dir or --out_name")
     source.eval()
-    converted, fits = convert(source, to, n_kv_head, ridge, postmix_rank, seed)
+    grams = input_grams(source, tokens) if premix_fit == "activations" and to == "vha" else None
+    converted, fits = convert(source, to, n_kv_head, ridge, postmix_rank, seed, grams)
     errors, summary = layer_errors(source, converted.eval(), tokens)
     rows = report(source, converted, fits, errors, summary, where)
     os.makedirs(out_dir, exist_ok=True)
-    method = "VHA: premix by ridge least squares on W_q, K/V mean-pooled" if to == "vha" else "GQA: K/V mean-pooled"
+    method = f"VHA: premix by ridge least squares on the {premix_fit}, K/V mean-pooled" if to == "vha" else "GQA: K/V mean-pooled"
     save_checkpoint({"model": converted.state_dict(), "model_args": asdict(converted.cfg), "meta": meta, "iter_num": 0,
                      "config": config, "kind": "converted",  # config: the source run's (dataset), {} for a Hugging Face folder
                      "converted_from": {"src": os.path.abspath(src), "model_args": asdict(source.cfg), "method": method,

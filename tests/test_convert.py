@@ -146,3 +146,28 @@ def test_refusals_write_nothing(argv, message, tmp_path):
     error = str(e.value.code)
     assert error.startswith("error: ") and message in error and "\n" not in error, error
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_activation_fit_is_the_identity_metric_fit_and_wins_on_its_own_queries():
+    source = source_gqa(seed=5)
+    tokens = torch.randint(0, len(CHARS), (4, 40), generator=torch.Generator().manual_seed(2))
+    grams = convert.input_grams(source, tokens)
+    eye = [torch.eye(64, dtype=torch.float64)] * 2
+    P_w = convert.convert(source, "vha", 2, 0.0)[0]
+    P_eye = convert.convert(source, "vha", 2, 0.0, grams=eye)[0]
+    P_act = convert.convert(source, "vha", 2, 0.0, grams=grams)[0]
+    assert all(torch.allclose(a.attn.premix, b.attn.premix, atol=1e-10) for a, b in zip(P_w.blocks, P_eye.blocks))  # C = I: the weight fit
+
+    def prenorm_q_error(converted):  # sum over layers of ||q_conv - q_src||^2 before QK-norm, on the calibration inputs
+        total, x = 0.0, source.embed(tokens)
+        cos, sin = convert.rope_cos_sin(torch.arange(40), 16, source.cfg.rope_theta, x.dtype)
+        for a, b in zip(source.blocks, converted.blocks):
+            h = a.attn_norm(x)
+            total += float((b.attn.apply_premix(b.attn.project(h)[0]) - a.attn.project(h)[0]).pow(2).sum())
+            x = a(x, cos, sin)
+        return total
+    with torch.no_grad():
+        assert prenorm_q_error(P_act) < 0.95 * prenorm_q_error(P_w)  # least squares on exactly these queries
+    exact = source_gqa(exact=True)
+    converted, fits = convert.convert(exact, "vha", 2, 0.0, grams=convert.input_grams(exact, tokens))
+    assert logit_gap(exact, converted.eval()) <= 1e-10
