@@ -114,7 +114,7 @@ def fit_premix(W_q, H_kv, d, lam_rel, C=None):
         A = W[g * H_p:(g + 1) * H_p]  # (H_p, d, D): the source heads group g must reproduce
         P[g] = torch.linalg.solve(G + lam * torch.eye(d, dtype=G.dtype), torch.einsum("hcD,heD->ce", BC, A))  # (d, d)
         err[g] = (A - P[g].T @ B).norm() / A.norm().clamp_min(1e-300)  # ||A - P^T B||_F / ||A||_F
-    return B.reshape(H_p * d, D), P, err
+    return B.reshape(H_p * d, D), P, err  # (H_p*d, D): the physical W_q
 
 
 @torch.no_grad()
