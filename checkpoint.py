@@ -3,6 +3,7 @@ nanoVHA checkpoints: written atomically, loaded with clear errors, in one place 
 
 A checkpoint is a dict with "model" (state_dict) and "model_args" (GPTConfig fields); train.py adds the
 optimizer, iteration and dataset meta. Checkpoints from before the fused projections or the padded vocab load too.
+A Hugging Face Qwen3ForCausalLM folder loads as well (model_from_hf): the inverse of fold.py's export.
 """
 import json
 import os
@@ -176,3 +177,121 @@ def cut_log(log_path, iter_num):
         with open(log_path + ".tmp", "w") as f:
             f.writelines(rows)
         os.replace(log_path + ".tmp", log_path)
+
+def model_from_state(cfg, state, device="cpu"):
+    """GPT(cfg) holding exactly `state` (our names, fused, padded), built on the meta device: no random init
+    of weights that are overwritten at once (seconds and a second copy of the model at 0.6B)."""
+    with torch.device("meta"):
+        model = GPT(cfg)
+    model.load_state_dict(state, assign=True)  # strict: a missing or extra weight is an error
+    if cfg.tie_embeddings:  # assign gives each name its own Parameter: tie them again
+        model.lm_head.weight = model.embed.weight
+    return model.to(device)
+
+
+# ---- Hugging Face Qwen3 import: fold.py's export names (HF_TOP, HF_LAYER, hf_name) inverted; copied here
+# because scripts never import each other ----
+HF_TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight", "lm_head.weight": "lm_head.weight"}
+HF_LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm", "self_attn.q_proj": "attn.q_proj",
+            "self_attn.k_proj": "attn.k_proj", "self_attn.v_proj": "attn.v_proj", "self_attn.o_proj": "attn.o_proj",
+            "self_attn.q_norm": "attn.q_norm", "self_attn.k_norm": "attn.k_norm",
+            "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj", "mlp.down_proj": "mlp.down_proj"}
+# Qwen3Config's defaults (transformers 5.x), for fields a config.json leaves out
+QWEN3_DEFAULTS = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                      num_attention_heads=32, head_dim=128, hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6,
+                      tie_word_embeddings=False, attention_bias=False, use_sliding_window=False, sliding_window=4096,
+                      max_window_layers=28, attention_dropout=0.0)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
+
+
+def our_name(hf_name):
+    """'model.layers.3.self_attn.q_proj.weight' -> 'blocks.3.attn.q_proj.weight' (None: not a Qwen3 weight)."""
+    if not hf_name.startswith("model.layers."):
+        return HF_TOP.get(hf_name)
+    layer, rest = hf_name[len("model.layers."):].split(".", 1)
+    module, param = rest.rsplit(".", 1)
+    return f"blocks.{layer}.{HF_LAYER[module]}.{param}" if module in HF_LAYER and param == "weight" else None
+
+
+def qwen3_model_args(hf):
+    """A Qwen3ForCausalLM config.json (dict) -> GPTConfig kwargs. Every field that changes the math maps to one of
+    ours or raises ValueError naming it; the rest (dtype, use_cache, token ids, initializer_range) do not."""
+    c = {**QWEN3_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
+    rope, scaling = c.get("rope_parameters") or {}, c.get("rope_scaling") or {}  # 5.x name, 4.x name
+    rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    n_layer = c["num_hidden_layers"]
+    windowed = c["use_sliding_window"] and c["sliding_window"] is not None  # Qwen3Config.__post_init__'s rule
+    layer_types = c.get("layer_types") or ["sliding_attention" if windowed and i >= c["max_window_layers"] else "full_attention"
+                                           for i in range(n_layer)]
+    refused = [  # (field, ok, why): each a one-line error naming the field and what to do
+        ("model_type", c["model_type"] == "qwen3", f"is {c['model_type']!r}: only Qwen3ForCausalLM folders import (model_type 'qwen3')"),
+        ("attention_bias", not c["attention_bias"], "=True: q/k/v/o have biases, this repo's projections have none"),
+        ("hidden_act", c["hidden_act"] == "silu", f"={c['hidden_act']!r}: the MLP here is SwiGLU with silu only"),
+        ("rope_scaling", rope_type == "default", f"rope_type={rope_type!r}: only plain RoPE is implemented here; drop the scaling "
+                                                 "(the model then runs at its pretraining context)"),
+        ("partial_rotary_factor", {**scaling, **rope}.get("partial_rotary_factor", 1.0) == 1.0, "!= 1: RoPE here rotates the whole head_dim"),
+        ("layer_types", all(t == "full_attention" for t in layer_types), "has sliding-window layers (use_sliding_window / "
+                                                                          "max_window_layers): every layer here attends to the whole context"),
+        ("attention_dropout", c["attention_dropout"] == 0, "!= 0: dropout here is one rate for attention and residuals; set it to 0.0"),
+    ]
+    for field, ok, why in refused:
+        if not ok:
+            raise ValueError(f"config.json {field} {why}")
+    heads = c["num_attention_heads"]
+    return dict(vocab_size=c["vocab_size"], block_size=c["max_position_embeddings"], n_layer=n_layer, n_embd=c["hidden_size"],
+                n_head=heads, n_kv_head=c.get("num_key_value_heads") or heads, head_dim=c["head_dim"],
+                mlp_hidden=c["intermediate_size"], rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
+                qk_norm=True, tie_embeddings=bool(c["tie_word_embeddings"]), norm_eps=float(c["rms_norm_eps"]), attn="gqa")
+
+
+def read_safetensors(folder):
+    """Every tensor of a folder's model.safetensors, or of the shards its model.safetensors.index.json lists."""
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise ImportError("importing a Hugging Face folder needs safetensors: pip install safetensors") from None
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    missing = [n for n in files if not os.path.isfile(os.path.join(folder, n))]
+    if missing:
+        raise FileNotFoundError(f"{folder} has no {missing[0]}: copy the whole Hugging Face folder (safetensors weights; "
+                                f".bin weights: re-save them with save_pretrained(safe_serialization=True))")
+    return {k: v for n in files for k, v in load_file(os.path.join(folder, n)).items()}
+
+
+def model_from_hf(folder, device="cpu"):
+    """A Hugging Face Qwen3ForCausalLM folder (config.json + safetensors) -> (GPT in float32, meta). meta carries the
+    folder's tokenizer files (bytes) so that a checkpoint built from it can still encode and decode text."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: give a Hugging Face model folder (config.json + model.safetensors)")
+    with open(path) as f:
+        cfg = GPTConfig(**qwen3_model_args(json.load(f)))
+    state = {}
+    for hf_key, t in read_safetensors(folder).items():
+        if (key := our_name(hf_key)) is None:
+            raise ValueError(f"{folder}: weight {hf_key!r} is not part of a Qwen3ForCausalLM this repo can build "
+                             f"(a bias, an adapter, a vision tower?); merge or drop it first")
+        state[key] = t.float()  # bf16 checkpoints become float32: exact
+    if cfg.tie_embeddings:  # tied: the export may omit lm_head, or hold a copy; the embedding is the one weight
+        state.pop("lm_head.weight", None)
+    state = pad_vocab(fuse_projections(state), cfg)  # q/k/v and gate/up rows stacked; vocab rows padded to a multiple of 64
+    if cfg.tie_embeddings and "embed.weight" in state:
+        state["lm_head.weight"] = state["embed.weight"]
+    try:
+        model = model_from_state(cfg, state, device)
+    except RuntimeError as e:
+        raise ValueError(f"{folder}: the weights do not fit config.json ({str(e).strip().splitlines()[0][:200]})") from None
+    files = {}
+    for name in TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(folder, name)):
+            with open(os.path.join(folder, name), "rb") as f:
+                files[name] = f.read()
+    meta = {"tokenizer": "hf", "vocab_size": cfg.vocab_size, "hf_tokenizer_files": files or None,
+            "source": f"Hugging Face folder {os.path.abspath(folder)}"}
+    return model, meta

@@ -4,6 +4,7 @@ Samples from a trained model (VHA, GQA or folded) with the KV cache:
     python sample.py --out_dir=out-vha-small --start="ROMEO:" --num_samples=2 --max_new_tokens=300
     python sample.py --out_dir=out-vha-small --ckpt_name=ckpt_folded.pt --temperature=0   # greedy
     python sample.py --start=FILE:prompt.txt
+    python sample.py --hf_dir=Qwen3-0.6B --start="The capital of France is" --temperature=0   # a Hugging Face Qwen3 folder
 """
 import os
 import sys
@@ -13,10 +14,11 @@ import torch
 
 from configurator import ConfigError, configure, resolve_device
 from data.common import load_tokenizer
-from checkpoint import load_checkpoint, model_from_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint, model_from_hf
 
 out_dir = "out"
 ckpt_name = "ckpt.pt"
+hf_dir = ""  # a Hugging Face Qwen3ForCausalLM folder to sample from instead (its tokenizer files, if any, are used)
 start = "\n"  # or "FILE:prompt.txt"
 num_samples = 3
 max_new_tokens = 500
@@ -39,20 +41,21 @@ if temperature < 0 or (top_k is not None and top_k < 1) or max_new_tokens < 1 or
     sys.exit("error: need temperature >= 0, top_k >= 1, max_new_tokens >= 1 and num_samples >= 1")
 torch.manual_seed(seed)
 
-path = os.path.join(out_dir, ckpt_name)
+path = hf_dir or os.path.join(out_dir, ckpt_name)
 try:
-    ckpt = load_checkpoint(path, device)
-except (FileNotFoundError, ValueError) as e:
-    sys.exit(f"error: {e}")
-if "meta" not in ckpt:
-    sys.exit(f"error: {path} carries no tokenizer (meta); it was not written by train.py or fold.py")
-try:
-    model = model_from_checkpoint(ckpt, device).to(getattr(torch, dtype)).eval()
+    if hf_dir:  # the model and its tokenizer files (meta) from the folder
+        model, meta = model_from_hf(hf_dir, device)
+    else:
+        ckpt = load_checkpoint(path, device)
+        if "meta" not in ckpt:
+            sys.exit(f"error: {path} carries no tokenizer (meta); it was not written by train.py, fold.py or convert.py")
+        model, meta = model_from_checkpoint(ckpt, device), ckpt["meta"]
+    model = model.to(getattr(torch, dtype)).eval()
     if device == "cpu":  # faster one-token matrix-vector products on CPU (measured in bench_decode.py)
         model.use_decode_layout()
-    encode, decode = load_tokenizer(ckpt["meta"])
-except ValueError as e:
-    sys.exit(f"error: {path}: {e}")
+    encode, decode = load_tokenizer(meta)
+except (FileNotFoundError, ImportError, ValueError) as e:
+    sys.exit(f"error: {e}" if path in str(e) else f"error: {path}: {e}")
 
 if start.startswith("FILE:"):
     try:

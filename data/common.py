@@ -204,10 +204,31 @@ def load_tokenizer(meta):
     if kind == "gpt2":
         enc = gpt2_encoding()
         return (lambda s: enc.encode(s, allowed_special={"<|endoftext|>"})), enc.decode
+    if kind == "hf":
+        return hf_tokenizer_functions(meta)
     if kind == "rows":
         raise ValueError("this is a row dataset of synthetic recall tasks (data/recall): its tokens are not text; "
                          "score such a model with python sweep.py, or train on a text dataset")
     raise ValueError(f"unknown tokenizer {kind!r} in meta.pkl: expected 'char' or 'gpt2'; re-run prepare.py")
+
+
+def hf_tokenizer_functions(meta):
+    """(encode, decode) of the Hugging Face tokenizer whose files (name -> bytes) a model imported from a Hugging Face
+    folder carries in meta["hf_tokenizer_files"] (checkpoint.model_from_hf); read offline from a temp folder."""
+    files = meta.get("hf_tokenizer_files")
+    if not files:
+        raise ValueError(f"no tokenizer: {meta.get('source', 'the Hugging Face folder')} had no tokenizer files "
+                         f"(tokenizer.json, tokenizer_config.json); copy them into the folder and import it again")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ValueError("this model's tokenizer is a Hugging Face tokenizer: pip install transformers tokenizers") from None
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in files.items():
+            with open(os.path.join(tmp, os.path.basename(name)), "wb") as f:
+                f.write(data)
+        tok = AutoTokenizer.from_pretrained(tmp, local_files_only=True)
+    return tok.encode, tok.decode
 
 
 # ---- writing train.bin / val.bin / meta.pkl ----

@@ -1,0 +1,275 @@
+"""
+Converts a trained GQA model into a smaller-KV-cache model to warm up, and says per layer how close the start is:
+
+    python convert.py --src=Qwen3-0.6B --out_dir=out-qwen-vha --n_kv_head=2              # VHA: 16 virtual / 8 physical / 2 KV heads
+    python convert.py --src=Qwen3-0.6B --out_dir=out-qwen-gqa2 --n_kv_head=2 --to=gqa    # baseline: GQA 16 Q / 2 KV, mean-pooled
+    python convert.py --src=out-gqa/ckpt.pt --out_dir=out-vha-conv --calib=data/shakespeare_char/val.bin
+
+--src is a Hugging Face Qwen3ForCausalLM folder (checkpoint.model_from_hf) or a checkpoint this repo wrote. The source
+has H_q query heads over H_src KV heads (head j reads KV head j // (H_q / H_src)); the target keeps H_q attending
+heads over H_kv KV heads, so target KV head g replaces the r = H_src / H_kv adjacent source heads g*r .. g*r + r - 1,
+exactly the ones its query heads j = g*H_p + h (H_p = H_q / H_kv) read before. Everything else (embeddings, norms,
+MLPs, W_o, lm_head) is copied. In float64, cast back:
+
+    K/V (both targets):  W_k'[g] = (1/r) sum_{i<r} W_k[g*r + i],  W_v'[g] likewise      (GQA uptraining, Ainslie et al. 2023)
+    VHA queries:         W_q'[h] = W_q[h] for h < H_p (the group-0 source heads; P[0] = I)
+                         P[g] = argmin_P sum_h ||A_h - P^T B_h||_F^2 + lam ||P||_F^2,  B_h = W_q[h], A_h = W_q[g*H_p + h]
+                              = (B B^T + lam I)^{-1} B A^T   with B = [B_0 .. B_{H_p-1}], A likewise (d x H_p*D)
+                         --premix_fit=activations: the queries on calibration inputs X instead, C = X^T X:
+                         P[g] = (sum_h B_h C B_h^T + lam I)^{-1} sum_h B_h C A_h^T
+                         postmix M = I + V U^T at the identity (V = 0, U ~ N(0, 0.01)); W_o inherited
+    GQA target:          W_q unchanged (every source query head kept)
+
+It writes out_dir/ckpt.pt (model_args, model, meta with the tokenizer, config; kind "converted", converted_from) and
+prints, per layer, the premix fit's relative error on the weights and the relative error of q, k, v (after QK-norm)
+of the converted layer vs the source layer on the same calibration activations.
+"""
+import os
+import sys
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from configurator import ConfigError, configure
+from data.common import load_tokenizer
+from checkpoint import load_checkpoint, model_from_checkpoint, model_from_hf, model_from_state, save_checkpoint
+from model import GPTConfig, rope_cos_sin
+
+# -----------------------------------------------------------------------------
+src = ""  # a Hugging Face Qwen3 folder, a checkpoint file, or an out_dir holding ckpt.pt
+out_dir = "out-converted"
+out_name = "ckpt.pt"
+to = "vha"  # "vha" (premix + postmix over H_kv KV heads) or "gqa" (the mean-pooled baseline)
+n_kv_head = 2  # KV heads of the target; must divide the source's
+premix_fit = "weights"  # "weights": P from W_q alone; "activations": P fits the queries on the calibration tokens
+ridge = 1e-6  # premix ridge, relative: lam = ridge * tr(B B^T) / d (scale-free); 0 = plain least squares
+postmix_rank = 0  # rank r of V U^T; 0: GPTConfig's default max(1, n_head // 4)
+calib = ""  # calibration tokens: a .bin of uint16 ids, or a UTF-8 text file (source tokenizer); "": the source's val.bin, else random
+calib_batches = 2
+batch_size = 2
+calib_len = 256  # tokens per calibration sequence (at most the model's block_size)
+seed = 1337
+device = "cpu"
+defaults = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))}
+# -----------------------------------------------------------------------------
+
+
+def load_source(path):
+    """(GPT, meta, checkpoint config or {}) from a Hugging Face folder, a checkpoint file or an out_dir."""
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+        model, meta = model_from_hf(path, device)
+        return model, meta, {}
+    ckpt = load_checkpoint(os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path, device)
+    return model_from_checkpoint(ckpt, device), ckpt.get("meta"), ckpt.get("config") or {}
+
+
+def source_problem(cfg, target, H_kv):
+    """Why a source config cannot convert to `target` with H_kv KV heads, or None."""
+    if cfg.attn in ("mla", "mfa"):
+        return f"the source is attn={cfg.attn!r}: it has no per-head W_k/W_v to pool; only GQA/MHA sources convert"
+    if cfg.attn == "vha":
+        return "the source is VHA: fold it into plain GQA first (python fold.py), then convert the folded checkpoint"
+    if target not in ("vha", "gqa"):
+        return f"--to={target!r}: choose 'vha' (premix + postmix) or 'gqa' (mean-pooled KV heads)"
+    if H_kv < 1 or cfg.n_kv_head % H_kv:
+        return (f"--n_kv_head={H_kv} does not divide the source's {cfg.n_kv_head} KV heads: each target KV head must "
+                f"replace whole adjacent source heads; choose a divisor of {cfg.n_kv_head}")
+    return None
+
+
+def target_config(cfg, target, H_kv, rank):
+    """The target GPTConfig: the source's shapes, H_kv KV heads, attn=target (VHA: premix and linear postmix)."""
+    args = dict(asdict(cfg), n_kv_head=H_kv, attn=target, vha_premix=True, vha_postmix=True, vha_postmix_act="linear",
+                vha_postmix_rank=(rank or None) if target == "vha" else None)
+    return GPTConfig(**args)
+
+
+def pool_heads(W, H_kv, d):
+    """W (H_src*d, D) -> (H_kv*d, D): W'[g] = (1/r) sum_{i<r} W[g*r + i], r = H_src / H_kv adjacent heads."""
+    H_src = W.size(0) // d
+    return W.view(H_kv, H_src // H_kv, d, W.size(1)).mean(1).reshape(H_kv * d, W.size(1))  # (H_kv, r, d, D) -> (H_kv*d, D)
+
+
+def fit_premix(W_q, H_kv, d, lam_rel, C=None):
+    """Source W_q (H_q*d, D), float64 -> (physical W_q (H_p*d, D), P (H_kv, d, d), relative error per group (H_kv,)).
+    Virtual head j = g*H_p + h computes q_j = q_h P[g] = x (P[g]^T W_q[h])^T (model.fold_premix), so P[g]^T must take
+    the group-0 weights B_h onto the source's A_h = W_q[g*H_p + h], jointly over h. Ridge least squares:
+        min_P sum_h ||A_h - P^T B_h||_F^2 + lam ||P||_F^2  =>  (sum_h B_h B_h^T + lam I) P = sum_h B_h A_h^T
+    With C = X^T X (D, D), the Gram of the layer's calibration inputs X, it fits the queries themselves instead:
+        min_P sum_h ||X A_h^T - X B_h^T P||_F^2 + lam ||P||^2  =>  (sum_h B_h C B_h^T + lam I) P = sum_h B_h C A_h^T
+    The fit is on pre-norm q: QK-norm follows premix (model.Attention), so an exact fit gives the source's normed
+    queries exactly; an inexact one errs before the norm, which then rescales each token's error with its q.
+    The error returned is on the weights, ||A - P^T B||_F / ||A||_F, whichever fit ran."""
+    D = W_q.size(1)
+    W = W_q.view(-1, d, D)  # (H_q, d, D)
+    H_p = W.size(0) // H_kv
+    B = W[:H_p]  # (H_p, d, D): the group-0 source heads = the physical heads
+    BC = B if C is None else B @ C  # (H_p, d, D): B_h C
+    G = torch.einsum("hcD,heD->ce", BC, B)  # (d, d): sum_h B_h C B_h^T
+    lam = lam_rel * G.diagonal().mean()  # relative ridge: the same fit at any weight scale
+    P = torch.eye(d, dtype=W_q.dtype).repeat(H_kv, 1, 1)  # (H_kv, d, d); P[0] = I: group 0 IS the physical heads
+    err = torch.zeros(H_kv, dtype=W_q.dtype)
+    for g in range(1, H_kv):
+        A = W[g * H_p:(g + 1) * H_p]  # (H_p, d, D): the source heads group g must reproduce
+        P[g] = torch.linalg.solve(G + lam * torch.eye(d, dtype=G.dtype), torch.einsum("hcD,heD->ce", BC, A))  # (d, d)
+        err[g] = (A - P[g].T @ B).norm() / A.norm().clamp_min(1e-300)  # ||A - P^T B||_F / ||A||_F
+    return B.reshape(H_p * d, D), P, err  # (H_p*d, D): the physical W_q
+
+
+@torch.no_grad()
+def input_grams(source, tokens):
+    """Per layer, C = X^T X (D, D) in float64 of the attention inputs X = attn_norm(x) (N*T, D) on the tokens."""
+    grams = [0.0] * source.cfg.n_layer
+    for idx in tokens.split(batch_size):
+        x = source.embed(idx)  # (B, T, D)
+        cos, sin = rope_cos_sin(torch.arange(idx.size(1)), source.cfg.rope_dim, source.cfg.rope_theta, x.dtype)
+        for i, block in enumerate(source.blocks):
+            X = block.attn_norm(x).double().flatten(0, 1)  # (B*T, D)
+            grams[i] = grams[i] + X.T @ X
+            x = block(x, cos, sin)
+    return grams
+
+
+@torch.no_grad()
+def convert(source, target, H_kv, lam_rel=1e-6, rank=0, seed=0, grams=None):
+    """The converted GPT (in the source's dtype) and the premix fit errors, one (H_kv,) tensor per layer (VHA).
+    grams: per layer the Gram of the calibration inputs, to fit premix on activations (fit_premix's C), or None."""
+    c = source.cfg
+    cfg, d = target_config(c, target, H_kv, rank), c.head_dim
+    state = dict(source.state_dict())  # every weight not rewritten below is copied
+    gen = torch.Generator().manual_seed(seed)
+    fit_errors = []
+    for i, block in enumerate(source.blocks):
+        W = block.attn.qkv_proj.weight
+        W_q, W_k, W_v = W.double().split(block.attn.qkv_split)  # (H_q*d, D), (H_src*d, D), (H_src*d, D)
+        if target == "vha":
+            W_q, P, err = fit_premix(W_q, H_kv, d, lam_rel, None if grams is None else grams[i])
+            fit_errors.append(err)
+            state[f"blocks.{i}.attn.premix"] = P.to(W.dtype)
+            state[f"blocks.{i}.attn.postmix_U"] = (0.01 * torch.randn(cfg.n_attn_head, cfg.vha_postmix_rank, generator=gen)).to(W)
+            state[f"blocks.{i}.attn.postmix_V"] = W.new_zeros(cfg.n_attn_head, cfg.vha_postmix_rank)  # M = I exactly
+        state[f"blocks.{i}.attn.qkv_proj.weight"] = torch.cat([W_q, pool_heads(W_k, H_kv, d), pool_heads(W_v, H_kv, d)]).to(W.dtype)
+    return model_from_state(cfg, state, source.embed.weight.device), fit_errors
+
+
+def qkv_after_norm(attn, x):
+    """What attention reads from x (B, T, D): q (B, T, H, d) after premix and QK-norm, k and v (B, T, H_kv, d)."""
+    q, k, v = attn.project(x)
+    if attn.cfg.has_premix:
+        q = attn.apply_premix(q)
+    if attn.cfg.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    return q, k, v  # RoPE is a rotation: it leaves these relative errors as they are
+
+
+@torch.no_grad()
+def layer_errors(source, converted, tokens):
+    """Per layer, ||converted - source|| / ||source|| of q, k and v on the SOURCE's input to that layer (so each
+    layer is measured alone); a pooled KV head is compared with every source head it replaces.
+    Also (max |logit diff|, source loss, converted loss) of the whole models. tokens: (N, T)."""
+    L, r = source.cfg.n_layer, source.cfg.n_kv_head // converted.cfg.n_kv_head
+    sq = torch.zeros(L, 3, 2, dtype=torch.float64)  # [layer, q/k/v, (error^2, source^2)]
+    worst, losses = 0.0, torch.zeros(2, dtype=torch.float64)
+    for idx in tokens.split(batch_size):
+        x = source.embed(idx)  # (B, T, D)
+        cos, sin = rope_cos_sin(torch.arange(idx.size(1)), source.cfg.rope_dim, source.cfg.rope_theta, x.dtype)
+        for i, (a, b) in enumerate(zip(source.blocks, converted.blocks)):
+            h = a.attn_norm(x)
+            for n, (s, t) in enumerate(zip(qkv_after_norm(a.attn, h), qkv_after_norm(b.attn, h))):
+                t = t.repeat_interleave(r, dim=2) if n else t  # (B, T, H_src, d): pooled head g serves g*r .. g*r + r - 1
+                sq[i, n] += torch.stack([(t - s).double().pow(2).sum(), s.double().pow(2).sum()])
+            x = a(x, cos, sin)
+        inputs, targets = idx[:, :-1], idx[:, 1:].contiguous()  # next-token targets
+        (ls, l_src), (lc, l_conv) = source(inputs, targets), converted(inputs, targets)
+        worst = max(worst, float((ls - lc).abs().max()))
+        losses += torch.tensor([float(l_src), float(l_conv)], dtype=torch.float64)
+    n = len(tokens.split(batch_size))
+    return (sq[..., 0] / sq[..., 1].clamp_min(1e-300)).sqrt(), (worst, *(losses / n).tolist())
+
+
+def calibration_tokens(meta, config, vocab_size, block_size):
+    """(N, T) calibration tokens and where they came from: --calib (.bin ids or a text file), else the source's
+    own val.bin, else random tokens (labelled: the q/k/v errors on them say little about real text)."""
+    n, T = calib_batches * batch_size, min(calib_len, block_size)
+    gen = torch.Generator().manual_seed(seed)
+    repo = os.path.dirname(os.path.abspath(__file__))
+    dataset_bin = os.path.join(config.get("data_dir") or os.path.join(repo, "data", config.get("dataset", "")), "val.bin")
+    path = calib or (dataset_bin if config.get("dataset") or config.get("data_dir") else "")
+    if not path or (not calib and not os.path.isfile(path)):
+        return torch.randint(vocab_size, (n, T), generator=gen), f"RANDOM tokens, {n} x {T} (no --calib, no source val.bin)"
+    if not os.path.isfile(path):
+        raise ValueError(f"--calib={path}: no such file; give a .bin of token ids or a UTF-8 text file")
+    if path.endswith(".bin"):
+        ids = torch.from_numpy(np.memmap(path, dtype=np.uint16, mode="r").astype(np.int64))
+    elif not meta:
+        raise ValueError(f"--calib={path}: the source carries no tokenizer to read text with; give token ids (a .bin file)")
+    else:
+        with open(path, encoding="utf-8") as f:
+            ids = torch.tensor(load_tokenizer(meta or {})[0](f.read()), dtype=torch.long)
+    T = min(T, len(ids) - 1)
+    if T < 2 or int(ids.max()) >= vocab_size:
+        raise ValueError(f"{path}: {len(ids)} tokens, ids up to {int(ids.max())}: need at least 3 tokens with ids below "
+                         f"the model's vocab ({vocab_size}); was it tokenized for another model?")
+    starts = torch.randint(len(ids) - T, (n,), generator=gen).tolist()
+    return torch.stack([ids[i:i + T] for i in starts]), f"{n} x {T} tokens of {path}"  # (n, T)
+
+
+def report(source, converted, fits, errors, summary, where):
+    """Prints what the conversion did, one row per layer, and returns the rows (kept in the checkpoint)."""
+    s, c = source.cfg, converted.cfg
+    print(f"source: {s.n_layer} layers, GQA {s.n_head} Q / {s.n_kv_head} KV heads, head_dim {s.head_dim}")
+    heads = f"{c.n_head} virtual / {c.n_q_proj} physical Q" if c.attn == "vha" else f"{c.n_head} Q"
+    print(f"target: {c.attn.upper()} {heads} / {c.n_kv_head} KV heads: KV cache {s.n_kv_head // c.n_kv_head}x smaller")
+    print(f"calibration: {where}")
+    print("layer  premix fit rel err (mean / max over groups)   q rel err   k rel err   v rel err")
+    rows = []
+    for i in range(s.n_layer):
+        fit = fits[i][1:] if fits and len(fits[i]) > 1 else None  # group 0 is exact by construction
+        row = dict(layer=i, premix_fit_mean=float(fit.mean()) if fit is not None else None,
+                   premix_fit_max=float(fit.max()) if fit is not None else None, **dict(zip("qkv", errors[i].tolist())))
+        rows.append(row)
+        fit_text = f"{row['premix_fit_mean']:.3g} / {row['premix_fit_max']:.3g}" if fit is not None else "-"
+        print(f"{i:5d}  {fit_text:>44}   {row['q']:9.3g}   {row['k']:9.3g}   {row['v']:9.3g}")
+    worst, l_src, l_conv = summary
+    print(f"whole model on the calibration tokens: max |logit diff| {worst:.3g}; loss {l_src:.4f} (source) -> {l_conv:.4f} (converted)")
+    return rows
+
+
+def main(argv):
+    try:
+        globals().update(configure(defaults, argv))
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    if not src:
+        sys.exit("error: give the model to convert: --src=HF_FOLDER (Qwen3) or --src=out_dir/ckpt.pt")
+    if premix_fit not in ("weights", "activations"):
+        sys.exit(f"error: --premix_fit={premix_fit!r}: choose 'weights' or 'activations'")
+    if min(calib_batches, batch_size, calib_len - 1) < 1:
+        sys.exit("error: calib_batches and batch_size must be >= 1 and calib_len >= 2")
+    dst = os.path.join(out_dir, out_name)
+    try:  # every check before the first write: a refused input leaves nothing behind
+        source, meta, config = load_source(src)
+        if problem := source_problem(source.cfg, to, n_kv_head):
+            raise ValueError(problem)
+        tokens, where = calibration_tokens(meta, config, source.cfg.vocab_size, source.cfg.block_size)
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    if os.path.exists(dst) and os.path.realpath(dst) == os.path.realpath(src):
+        sys.exit(f"error: {dst} is the source; choose another --out_dir or --out_name")
+    source.eval()
+    grams = input_grams(source, tokens) if premix_fit == "activations" and to == "vha" else None
+    converted, fits = convert(source, to, n_kv_head, ridge, postmix_rank, seed, grams)
+    errors, summary = layer_errors(source, converted.eval(), tokens)
+    rows = report(source, converted, fits, errors, summary, where)
+    os.makedirs(out_dir, exist_ok=True)
+    method = f"VHA: premix by ridge least squares on the {premix_fit}, K/V mean-pooled" if to == "vha" else "GQA: K/V mean-pooled"
+    save_checkpoint({"model": converted.state_dict(), "model_args": asdict(converted.cfg), "meta": meta, "iter_num": 0,
+                     "config": config, "kind": "converted",  # config: the source run's (dataset), {} for a Hugging Face folder
+                     "converted_from": {"src": os.path.abspath(src), "model_args": asdict(source.cfg), "method": method,
+                                        "settings": {k: globals()[k] for k in defaults}, "layers": rows, "calibration": where}}, dst)
+    print(f"wrote {dst} (kind 'converted', iteration 0): python sample.py --out_dir={out_dir} --ckpt_name={out_name}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,173 @@
+"""convert.py: GQA -> VHA and GQA -> mean-pooled GQA are what their equations say: exact (logits equal the source's)
+when the source's KV heads are identical within each target group and its query heads repeat across groups; the
+premix solve is the least-squares solution; the written checkpoint loads and samples; bad inputs are refused."""
+import os
+from dataclasses import asdict
+
+import pytest
+import torch
+
+import convert
+from conftest import run
+from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from test_model import make
+
+CHARS = "abcdefghijklmnopqrstuvwxyz ABCDEJMORT:.\n"  # 40 characters: the tiny models' vocab
+META = {"tokenizer": "char", "vocab_size": len(CHARS), "stoi": {c: i for i, c in enumerate(CHARS)}, "itos": dict(enumerate(CHARS))}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def source_gqa(dtype=torch.float64, exact=False, seed=0, **kw):
+    """A scrambled GQA model, 8 query heads over 4 KV heads of dim 16. exact=True: KV heads identical within each pair
+    (the heads one target KV head of 2 replaces) and query heads of group g equal to group 0's (j = g*4 + h -> h)."""
+    model = make(dtype=dtype, seed=seed, vocab_size=len(CHARS), attn="gqa", n_head=8, n_kv_head=4, head_dim=16, **kw)
+    if exact:
+        with torch.no_grad():
+            for block in model.blocks:
+                W_q, W_k, W_v = block.attn.qkv_proj.weight.split(block.attn.qkv_split)  # views
+                q = W_q.view(8, 16, -1)  # (H_q, d, D)
+                q[4:] = q[:4]  # group 1's query heads = group 0's
+                for W in (W_k, W_v):
+                    heads = W.view(4, 16, -1)  # (H_src, d, D)
+                    heads[1::2] = heads[0::2]  # each pair identical
+    return model
+
+
+def logit_gap(a, b):
+    x = torch.randint(0, len(CHARS), (3, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return float((a(x)[0] - b(x)[0]).abs().max())
+
+
+@pytest.mark.parametrize("to", ["vha", "gqa"])
+@pytest.mark.parametrize("dtype, ridge, tol", [(torch.float64, 0.0, 1e-10), (torch.float32, 1e-6, 2e-5)], ids=["float64", "float32"])
+def test_repeated_heads_convert_exactly(to, dtype, ridge, tol):
+    source = source_gqa(dtype, exact=True)
+    converted, fits = convert.convert(source, to, 2, ridge)
+    c = converted.cfg
+    assert (c.attn, c.n_head, c.n_kv_head, c.n_q_proj) == ((to, 8, 2, 4) if to == "vha" else (to, 8, 2, 8))
+    assert converted.embed.weight.dtype == dtype and logit_gap(source, converted.eval()) <= tol
+    if to == "vha":
+        assert all(float(f.max()) <= (1e-12 if dtype == torch.float64 else 1e-5) for f in fits)
+        assert all(torch.equal(b.attn.postmix_V, torch.zeros_like(b.attn.postmix_V)) for b in converted.blocks)  # M = I
+
+
+def test_premix_is_the_least_squares_solution_and_kv_the_mean():
+    source = source_gqa(seed=3)
+    converted, fits = convert.convert(source, "vha", 2, lam_rel=0.0)
+    for src_block, conv_block, err in zip(source.blocks, converted.blocks, fits):
+        W_q, W_k, W_v = src_block.attn.qkv_proj.weight.split(src_block.attn.qkv_split)
+        Wc_q, Wc_k, Wc_v = conv_block.attn.qkv_proj.weight.split(conv_block.attn.qkv_split)
+        P = conv_block.attn.premix
+        B = W_q.view(8, 16, -1)[:4].transpose(0, 1).reshape(16, -1)  # (d, H_p*D)
+        A = W_q.view(8, 16, -1)[4:].transpose(0, 1).reshape(16, -1)
+        want = torch.linalg.lstsq(B.T, A.T).solution  # an independent solver of min ||B^T P - A^T||: the same problem
+        assert torch.allclose(P[1], want, atol=1e-10) and torch.equal(P[0], torch.eye(16, dtype=P.dtype))
+        assert torch.equal(Wc_q, W_q[:4 * 16]) and float(err[0]) == 0 and 0.5 < float(err[1]) < 1.0  # random heads: a poor fit
+        for W, Wc in ((W_k, Wc_k), (W_v, Wc_v)):
+            assert torch.allclose(Wc.view(2, 16, -1), W.view(2, 2, 16, -1).mean(1))  # target head g = mean of 2g, 2g + 1
+        assert torch.equal(conv_block.attn.o_proj.weight, src_block.attn.o_proj.weight)
+    lam = convert.convert(source, "vha", 2, lam_rel=10.0)[0].blocks[0].attn.premix[1]  # ridge shrinks P towards 0
+    assert lam.norm() < converted.blocks[0].attn.premix[1].norm()
+
+
+def save_source(folder, **kw):
+    model = source_gqa(torch.float32, **kw)
+    os.makedirs(folder, exist_ok=True)
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.cfg), "meta": META, "iter_num": 5,
+                     "kind": "nanovha", "config": {"dataset": "none"}}, os.path.join(folder, "ckpt.pt"))
+    return model
+
+
+def table(out):
+    """The per-layer rows convert.py printed: layer -> the numbers after the layer index."""
+    rows = [line.split() for line in out.splitlines() if line[:5].strip().isdigit()]
+    return {int(r[0]): r[1:] for r in rows}
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["repeated_heads", "random"])
+def test_cli_prints_per_layer_errors_and_writes_a_checkpoint_that_samples(exact, tmp_path, capsys):
+    source = save_source(str(tmp_path / "src"), exact=exact)
+    out = tmp_path / "vha"
+    convert.main([f"--src={tmp_path / 'src'}", f"--out_dir={out}", "--n_kv_head=2", "--calib_len=32"])
+    printed = capsys.readouterr().out
+    rows = table(printed)
+    assert sorted(rows) == [0, 1] and "RANDOM tokens, 4 x 32" in printed and "KV cache 2x smaller" in printed
+    fit, (q, k, v) = float(rows[0][0]), map(float, rows[0][-3:])
+    if exact:  # float32, ridge 1e-6: ~0
+        assert fit < 1e-5 and max(q, k, v) < 1e-4
+    else:
+        assert fit > 0.1 and min(q, k, v) > 0.05
+    ckpt = load_checkpoint(str(out / "ckpt.pt"))
+    assert ckpt["kind"] == "converted" and ckpt["iter_num"] == 0 and ckpt["meta"] == META and ckpt["config"] == {"dataset": "none"}
+    assert ckpt["converted_from"]["model_args"]["n_kv_head"] == 4 and len(ckpt["converted_from"]["layers"]) == 2
+    model = model_from_checkpoint(ckpt).eval()
+    assert model.cfg.attn == "vha" and (logit_gap(source, model) < 1e-4) == exact
+    text = run("sample.py", f"--out_dir={out}", "--start=ROMEO:", "--max_new_tokens=6", "--num_samples=1", "--temperature=0")
+    assert text.stdout.startswith("ROMEO:") and len(text.stdout.splitlines()[0]) >= 6
+
+
+def test_cli_calibrates_on_given_tokens_and_converts_to_pooled_gqa(tmp_path, capsys):
+    save_source(str(tmp_path / "src"))
+    prompt = tmp_path / "calib.txt"
+    prompt.write_text("ROMEO: what light through yonder window breaks\n" * 20)
+    convert.main([f"--src={tmp_path / 'src' / 'ckpt.pt'}", f"--out_dir={tmp_path / 'gqa'}", "--to=gqa", "--n_kv_head=1",
+                  f"--calib={prompt}", "--calib_len=40", "--calib_batches=1"])
+    printed = capsys.readouterr().out
+    assert f"2 x 40 tokens of {prompt}" in printed and "target: GQA 8 Q / 1 KV heads: KV cache 4x smaller" in printed
+    assert all(r[0] == "-" for r in table(printed).values())  # no premix to fit
+    assert model_from_checkpoint(load_checkpoint(str(tmp_path / "gqa" / "ckpt.pt"))).cfg.n_kv_head == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--n_kv_head=3"], "--n_kv_head=3 does not divide the source's 4 KV heads"),
+    (["--to=mla"], "--to='mla': choose 'vha'"),
+    (["--src_kind=vha"], "the source is VHA: fold it into plain GQA first"),
+    (["--src_kind=mla"], "the source is attn='mla'"),
+    (["--calib=/no/such.bin"], "--calib=/no/such.bin: no such file"),
+    (["--src=/no/such/dir/ckpt.pt"], "checkpoint /no/such/dir/ckpt.pt not found"),
+], ids=["not_a_divisor", "bad_target", "vha_source", "mla_source", "missing_calib", "missing_src"])
+def test_refusals_write_nothing(argv, message, tmp_path):
+    kind = next((a.split("=")[1] for a in argv if a.startswith("--src_kind")), "gqa")
+    model = make(dtype=torch.float32, vocab_size=40, attn=kind, n_head=8, n_kv_head=8 if kind == "mla" else 4, head_dim=16,
+                 qk_norm=kind != "mla")
+    os.makedirs(tmp_path / "src")
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.cfg), "meta": META}, str(tmp_path / "src" / "ckpt.pt"))
+    argv = [f"--src={tmp_path / 'src'}", f"--out_dir={tmp_path / 'out'}"] + [a for a in argv if not a.startswith("--src_kind")]
+    with pytest.raises(SystemExit) as e:
+        convert.main(argv)
+    error = str(e.value.code)
+    assert error.startswith("error: ") and message in error and "\n" not in error, error
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_activation_fit_is_the_identity_metric_fit_and_wins_on_its_own_queries():
+    source = source_gqa(seed=5)
+    tokens = torch.randint(0, len(CHARS), (4, 40), generator=torch.Generator().manual_seed(2))
+    grams = convert.input_grams(source, tokens)
+    eye = [torch.eye(64, dtype=torch.float64)] * 2
+    P_w = convert.convert(source, "vha", 2, 0.0)[0]
+    P_eye = convert.convert(source, "vha", 2, 0.0, grams=eye)[0]
+    P_act = convert.convert(source, "vha", 2, 0.0, grams=grams)[0]
+    assert all(torch.allclose(a.attn.premix, b.attn.premix, atol=1e-10) for a, b in zip(P_w.blocks, P_eye.blocks))  # C = I: the weight fit
+
+    def prenorm_q_error(converted):  # sum over layers of ||q_conv - q_src||^2 before QK-norm, on the calibration inputs
+        total, x = 0.0, source.embed(tokens)
+        cos, sin = convert.rope_cos_sin(torch.arange(40), 16, source.cfg.rope_theta, x.dtype)
+        for a, b in zip(source.blocks, converted.blocks):
+            h = a.attn_norm(x)
+            total += float((b.attn.apply_premix(b.attn.project(h)[0]) - a.attn.project(h)[0]).pow(2).sum())
+            x = a(x, cos, sin)
+        return total
+    with torch.no_grad():
+        assert prenorm_q_error(P_act) < 0.95 * prenorm_q_error(P_w)  # least squares on exactly these queries
+    exact = source_gqa(exact=True)
+    converted, fits = convert.convert(exact, "vha", 2, 0.0, grams=convert.input_grams(exact, tokens))
+    assert logit_gap(exact, converted.eval()) <= 1e-10
