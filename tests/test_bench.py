@@ -174,6 +174,7 @@ def test_bad_input_is_a_one_line_error(tmp_path, make_arg, message):
     assert not proc.stdout.strip()
 
 
+@pytest.mark.slow  # a compile
 def test_decode_step_compiles_as_one_graph_and_matches_eager():
     """torch.compile(fullgraph=True) of the static-shape step: no graph break, same logits (float64)."""
     model = make(n_layer=1, **VARIANTS["gqa"])

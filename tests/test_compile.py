@@ -6,6 +6,8 @@ import pytest
 from conftest import TINY_MODEL, run
 from test_train import read_log
 
+pytestmark = pytest.mark.slow  # one cold compile: 30-120 s on 2 cores
+
 ARGS = [*TINY_MODEL, "--attn=vha", "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=2", "--dtype=float32"]
 
 

@@ -31,6 +31,7 @@ def curve(out):
     return [(r["iter"], r.get("loss"), r.get("lr"), r.get("train_loss"), r.get("val_loss")) for r in read_log(out)]
 
 
+@pytest.mark.slow  # three runs with two processes each
 def test_two_processes_match_one_and_resume(char_data, tmp_path):
     args = [f"--data_dir={char_data}", "--max_iters=20", "--lr_decay_iters=20", "--eval_interval=10", "--gradient_accumulation_steps=2",
             "--dropout=0.1", *TINY_MODEL]

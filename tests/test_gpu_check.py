@@ -16,6 +16,7 @@ def gpu_check():
     return module
 
 
+@pytest.mark.slow  # every section of the check, on the CPU
 def test_gpu_check_dry_run_reports_every_section(tmp_path):
     proc = run("scripts/gpu_check.py", "--dry_run=True", env={"MPLCONFIGDIR": str(tmp_path)})
     report = proc.stdout[proc.stdout.index("REPORT"):]

@@ -158,6 +158,7 @@ def log_rows(out):
     return [json.loads(line) for line in open(out / "log.jsonl")]
 
 
+@pytest.mark.slow
 def test_row_training_logs_accuracy_follows_the_curriculum_and_resumes_exactly(tmp_path):
     data = tmp_path / "data"
     prepare(data, "--n_pairs", 4, "--n_keys", 8, "--n_values", 8, "--curriculum_start", 1)
@@ -176,6 +177,7 @@ def test_row_training_logs_accuracy_follows_the_curriculum_and_resumes_exactly(t
     assert short.returncode != 0 and "raise --block_size" in short.stderr
 
 
+@pytest.mark.slow
 def test_data_stream_changes_the_batches_paired_init_the_weights_and_stop_at_acc_stops_for_good(tmp_path):
     data = tmp_path / "data"
     prepare(data, "--n_pairs", 4, "--n_keys", 8, "--n_values", 8, "--curriculum_start", 1)

@@ -90,6 +90,7 @@ def kill_inside_a_checkpoint_write(proc, out):
     raise AssertionError("the run ended before a checkpoint write could be interrupted")
 
 
+@pytest.mark.slow  # a full run, then three kills and resumes
 def test_sigkill_at_random_moments_and_mid_checkpoint_then_resume_is_exact(char_data, tmp_path):
     args = [f"--data_dir={char_data}", "--max_iters=60", "--eval_interval=3", *TINY_MODEL]
     full, part = tmp_path / "full", str(tmp_path / "part")

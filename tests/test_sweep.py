@@ -23,6 +23,7 @@ def smoke(tmp_path_factory):
     return root, proc.stdout
 
 
+@pytest.mark.slow  # the smoke sweep: 4 runs + report
 def test_smoke_sweep_writes_results_and_folded_vha_scores_identically(smoke, tmp_path):
     root, out = smoke
     rows = read_json(root / "sweep.json")
@@ -48,6 +49,7 @@ def test_smoke_sweep_writes_results_and_folded_vha_scores_identically(smoke, tmp
     assert read_json(moved / "sweep.json") == rows
 
 
+@pytest.mark.slow
 def test_robustness_runs_each_change_and_reports(smoke, tmp_path):
     root = shutil.copytree(smoke[0], tmp_path / "root")  # the recipe's row is the sweep's own runs
     out = run("sweep.py", "robust", "--smoke", f"--sweep_root={root}", env={**ENV, "MPLCONFIGDIR": str(root / "mpl")}).stdout

@@ -31,9 +31,11 @@ def test_tiny_training_lowers_the_loss(trained):
     assert os.path.exists(os.path.join(trained, "ckpt.pt"))
 
 
-@pytest.mark.parametrize("attn_args", [["--attn=vha"], ["--attn=gqa", "--dropout=0.1"],
-                                       ["--attn=mla", "--n_kv_head=4", "--qk_norm=False", "--mla_kv_rank=12", "--mla_rope_dim=4"],
-                                       ["--attn=mfa", "--n_kv_head=1", "--head_dim=16", "--q_rank=16"]], ids=["vha", "gqa", "mla", "mfa"])
+@pytest.mark.parametrize("attn_args", [  # VHA in the quick suite, the other kinds in the slow one
+    pytest.param(["--attn=vha"], id="vha"),
+    pytest.param(["--attn=gqa", "--dropout=0.1"], id="gqa", marks=pytest.mark.slow),
+    pytest.param(["--attn=mla", "--n_kv_head=4", "--qk_norm=False", "--mla_kv_rank=12", "--mla_rope_dim=4"], id="mla", marks=pytest.mark.slow),
+    pytest.param(["--attn=mfa", "--n_kv_head=1", "--head_dim=16", "--q_rank=16"], id="mfa", marks=pytest.mark.slow)])
 def test_resume_reproduces_the_uninterrupted_run_exactly(char_data, tmp_path, attn_args):
     common = [f"--data_dir={char_data}", "--eval_interval=10", "--lr_decay_iters=30", *TINY_MODEL, *attn_args]
     full, part = str(tmp_path / "full"), str(tmp_path / "part")
