@@ -1,5 +1,6 @@
 """The README and docs/ as a reader meets them: every relative link resolves (file and #anchor), and the README
 stays a guide (at most 300 lines and 20,000 characters)."""
+import ast
 import glob
 import os
 import re
@@ -54,3 +55,34 @@ def test_readme_is_a_guide():
     with open(os.path.join(ROOT, "README.md")) as f:
         text = f.read()
     assert len(text.splitlines()) <= 300 and len(text) <= 20_000, (len(text.splitlines()), len(text))
+
+
+SCRIPTS = ["train.py", "sample.py", "fold.py", "convert.py", "bench_decode.py", "bench.py", "ablate.py", "sweep.py",
+           "scripts/gpu_check.py", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "data", "*", "prepare.py")))]
+
+
+def python_files():
+    skip = {".git", ".ci-venv", "venv", ".venv", "node_modules"}
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in skip and not d.startswith(("out", "."))]
+        yield from (os.path.relpath(os.path.join(folder, f), ROOT) for f in files if f.endswith(".py"))
+
+
+def test_files_read_in_one_sitting():
+    """CONTRIBUTING.md: at most 450 lines a file (model.py at most 650), no function over 60 lines in the scripts."""
+    long_files = [(p, n) for p in python_files() if (n := len(open(os.path.join(ROOT, p)).readlines())) > (650 if p == "model.py" else 450)]
+    assert not long_files, f"files over the limit: {long_files}"
+    long_functions = []
+    for path in SCRIPTS:
+        for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60:
+                long_functions.append(f"{path}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert not long_functions, f"functions over 60 lines: {long_functions}"
+
+
+def test_scripts_never_import_each_other():
+    names = {os.path.splitext(os.path.basename(p))[0] for p in SCRIPTS if "/" not in p}
+    for path in SCRIPTS:
+        for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read())):
+            imported = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) else []
+            assert not set(imported) & names, f"{path} imports the script(s) {set(imported) & names}: move the shared code into a library module"
