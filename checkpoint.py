@@ -7,8 +7,9 @@ A Hugging Face Qwen3ForCausalLM folder loads as well (model_from_hf): the invers
 """
 import json
 import os
+import shutil
 import tempfile
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import torch
 
@@ -295,3 +296,33 @@ def model_from_hf(folder, device="cpu"):
     meta = {"tokenizer": "hf", "vocab_size": cfg.vocab_size, "hf_tokenizer_files": files or None,
             "source": f"Hugging Face folder {os.path.abspath(folder)}"}
     return model, meta
+
+
+def start_path(path):
+    """A checkpoint to start from, as given -> what to load: an out_dir holding ckpt.pt (and no config.json) is its ckpt.pt."""
+    inner = os.path.join(path, "ckpt.pt")
+    return inner if os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")) and os.path.exists(inner) else path
+
+
+def load_start(path, device="cpu"):
+    """A checkpoint dict (model, model_args, meta) from a checkpoint file train.py, convert.py or fold.py wrote, an
+    out_dir holding one, or a Hugging Face Qwen3 folder (model_from_hf). Raises FileNotFoundError, ImportError or
+    ValueError, one line each."""
+    path = start_path(path)
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+        model, meta = model_from_hf(path, device)
+        return {"model": model.state_dict(), "model_args": asdict(model.cfg), "meta": meta, "kind": "hf"}
+    if os.path.isdir(path):
+        raise FileNotFoundError(f"{path} is a folder with neither ckpt.pt nor config.json: give a checkpoint file, "
+                                f"an out_dir holding ckpt.pt, or a Hugging Face Qwen3 folder")
+    return load_checkpoint(path, device)
+
+
+def disk_problem(out_dir, n_params):
+    """Why out_dir cannot hold this model's checkpoints (weights + two AdamW moments in fp32, twice while a new
+    checkpoint replaces the old one), or None."""
+    need_bytes, free = n_params * 4 * 3 * 2, shutil.disk_usage(out_dir).free
+    if free < need_bytes:
+        return (f"{out_dir} has {free / 1e6:,.0f} MB free but checkpoints of this {n_params / 1e6:,.1f}M-parameter "
+                f"model need about {need_bytes / 1e6:,.0f} MB; free some space or choose another --out_dir")
+    return None

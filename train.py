@@ -14,7 +14,6 @@ import dataclasses
 import json
 import math
 import os
-import shutil
 import sys
 import time
 import zlib
@@ -28,9 +27,10 @@ from configurator import ConfigError, configure, need, resolve_device
 from hardware import choose_dtype, compile_counters, gpu_spec
 from health import vha_health
 from data.dataset import DATA_ROOT, Dataset, prepare_if_missing
-from data.recall import tasks as recall_tasks
-from checkpoint import (cut_log, load_checkpoint, model_from_checkpoint, prepare_out_dir, resume_problem, save_checkpoint,
-                        vocab_problem)
+from checkpoint import (cut_log, disk_problem, load_checkpoint, load_start, model_from_checkpoint, prepare_out_dir, resume_problem,
+                        save_checkpoint)
+from distill import adamw_groups, drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
+from knobs import TOKENIZER_FIX, contradictions, kept_warmup, knob_problem, start_args, teacher_problem, vocab_mismatch, warmup_problem
 from model import GPT, GPTConfig
 from peers import PeerWatch, start_ddp
 
@@ -43,7 +43,7 @@ eval_iters = 20
 eval_only = False
 always_save_checkpoint = True  # False: only save when val loss improves
 write_checkpoint = True  # False: never write out_dir/ckpt.pt (smoke runs, benchmarks); not "save_checkpoint": that is checkpoint.py's function
-init_from = "scratch"  # "scratch" or "resume" (from out_dir/ckpt.pt)
+init_from = "scratch"  # "scratch", "resume" (from out_dir/ckpt.pt), or a checkpoint / Qwen3 folder to start a new run from
 seed = 1337
 wandb_log = False
 wandb_project = "nanovha"
@@ -79,6 +79,11 @@ vha_postmix_act = "linear"
 q_rank = None  # MLA/MFA: low-rank query
 mla_kv_rank = None  # MLA: cached latent width (None: 4 * head_dim)
 mla_rope_dim = None  # MLA: shared RoPE key width (None: head_dim // 2)
+# warm-up from a checkpoint (docs/convert.md#warm-up)
+freeze_iters = 0  # the first N iterations train only the attention projections, premix and postmix (distill.py)
+teacher = ""  # a checkpoint or Qwen3 folder whose logits on the same batches the student learns (distillation)
+distill_alpha = 0.0  # loss = (1 - alpha) CE + alpha T^2 KL(p_teacher || p_student), p = softmax(logits / T)
+distill_temperature = 1.0  # T
 # AdamW + warmup/cosine schedule
 learning_rate = 1e-3
 max_iters = 2000
@@ -109,29 +114,10 @@ globals().update(config)
 model_fields = [f.name for f in dataclasses.fields(GPTConfig) if f.name in config]  # the knobs above that GPTConfig takes
 
 
-need(init_from in ("scratch", "resume"), f"init_from must be 'scratch' or 'resume', got {init_from!r}")
-for k in ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "ddp_timeout"):
-    need(globals()[k] >= 1, f"{k} must be >= 1, got {globals()[k]}")
-need(max_iters >= 0 and warmup_iters >= 0, f"max_iters and warmup_iters must be >= 0, got {max_iters} and {warmup_iters}")
-need(learning_rate > 0 and weight_decay >= 0 and grad_clip >= 0 and 0 <= beta1 < 1 and 0 <= beta2 < 1,
-     "need learning_rate > 0, weight_decay >= 0, grad_clip >= 0 (0 = off) and 0 <= beta1, beta2 < 1")
-if lr_decay_iters is None:
-    lr_decay_iters = max_iters
-if min_lr is None:
-    min_lr = learning_rate / 10
-need(0 <= min_lr <= learning_rate, f"min_lr={min_lr} must be in [0, learning_rate={learning_rate}]")
-need(not decay_lr or eval_only or warmup_iters <= lr_decay_iters,
-     f"warmup_iters={warmup_iters} is past lr_decay_iters={lr_decay_iters} (default: max_iters), so the learning "
-     f"rate would jump from its peak to min_lr; lower --warmup_iters or raise --lr_decay_iters")
-need(curriculum_mode in recall_tasks.CURRICULUM_MODES,
-     f"curriculum_mode must be one of {', '.join(recall_tasks.CURRICULUM_MODES)}, got {curriculum_mode!r}")
-need(0 <= stop_at_acc <= 1 and data_stream >= 0, f"need 0 <= stop_at_acc <= 1 and data_stream >= 0, got {stop_at_acc}, {data_stream}")
-need(dtype in ("auto", "float32", "bfloat16", "float16", "float64"), f"dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
-if init_from == "scratch":  # bad head/rank/width combinations fail now, before any data is prepared
-    try:
-        GPTConfig(**{k: config[k] for k in model_fields}, vocab_size=1)
-    except ValueError as e:
-        sys.exit(f"error: {e}")
+lr_decay_iters = max_iters if lr_decay_iters is None else lr_decay_iters
+min_lr = learning_rate / 10 if min_lr is None else min_lr
+need(not (problem := knob_problem(globals(), model_fields)), problem)  # knobs.py: each bad setting, one line
+need(not (problem := warmup_problem(config, os.path.join(out_dir, "ckpt.pt"))), problem)
 
 
 # processes: DDP when launched by torchrun
@@ -159,29 +145,44 @@ if device_type == "cuda":
 
 # output folder: fail now, not after an hour of training (or a long download)
 ckpt_path, log_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
+resuming = init_from == "resume"
 if master:
     try:
-        prepare_out_dir(out_dir, ckpt_path, resuming=init_from == "resume")
+        prepare_out_dir(out_dir, ckpt_path, resuming=resuming)
     except ValueError as e:
         sys.exit(f"error: {e}")
-iter_num, best_val_loss, elapsed_before, ckpt = 0, float("inf"), 0.0, None
-if init_from == "resume":  # read the checkpoint first: a bad one fails before any data is prepared
+iter_num, best_val_loss, elapsed_before, ckpt, teacher_model = 0, float("inf"), 0.0, None, None
+if init_from != "scratch":  # read the checkpoint(s) first: a bad one fails before any data is prepared
+    what = "cannot resume" if resuming else f"cannot start from init_from={init_from}"
     try:
-        ckpt = load_checkpoint(ckpt_path)
-    except (FileNotFoundError, ValueError) as e:
-        sys.exit(f"error: cannot resume: {e}")
-    need(not (problem := resume_problem(ckpt, ckpt_path)), f"cannot resume {problem}")
-    iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
-    need(eval_only or iter_num <= max_iters, f"the checkpoint is at iteration {iter_num}, past max_iters={max_iters}; "
-         f"raise --max_iters to train further")
+        ckpt = load_checkpoint(ckpt_path) if resuming else load_start(init_from)
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        sys.exit(f"error: {what}: {e}")
+    if resuming:
+        need(not (problem := resume_problem(ckpt, ckpt_path)), f"cannot resume {problem}")
+        iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
+        need(eval_only or iter_num <= max_iters, f"the checkpoint is at iteration {iter_num}, past max_iters={max_iters}; "
+             f"raise --max_iters to train further")
+        warm, problem = kept_warmup(ckpt.get("config", {}), config, defaults)  # freezing and the teacher go on as they were
+        need(not problem, problem)
+        for settings in (config, globals()):
+            settings.update(warm)
+    else:  # a new run (iteration 0, a new optimizer) from the checkpoint's model, at this run's block_size and dropout
+        ckpt["model_args"], problem = start_args(ckpt["model_args"], config, defaults)
+        need(not problem, problem)
     try:
         model = model_from_checkpoint(ckpt)
     except ValueError as e:
-        sys.exit(f"error: cannot resume: {ckpt_path}: {e}")
+        sys.exit(f"error: {what}: {ckpt_path if resuming else init_from}: {e}")
     model_args, block_size = ckpt["model_args"], model.cfg.block_size
-    typed = [k for k in model_fields if config[k] != defaults[k] and config[k] != getattr(model.cfg, k)]
-    need(not typed, "a resumed run keeps its checkpoint's model, but you set " + ", ".join(
-        f"{k}={config[k]!r} (checkpoint: {getattr(model.cfg, k)!r})" for k in typed) + "; drop them or start a new --out_dir")
+    typed = contradictions(config, defaults, {k: getattr(model.cfg, k) for k in model_fields}, model_fields)
+    need(not typed, f"a {'resumed' if resuming else 'new'} run keeps its checkpoint's model, but you set {typed}; drop them"
+         + (" or start a new --out_dir" if resuming else ""))
+if teacher:  # the teacher's logits on the same batches, in eval mode without gradients
+    try:
+        teacher_model, teacher_meta = load_teacher(teacher, device, torch.float64 if dtype == "float64" else torch.float32)
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        sys.exit(f"error: cannot load teacher={teacher}: {e}")
 
 # data: uint16 token bins (text) or a row spec + held-out rows (data/recall), and meta.pkl; prepared on first use
 data_dir = data_dir or os.path.join(DATA_ROOT, dataset)
@@ -217,37 +218,31 @@ def rng(it, micro):
 
 
 # model
+need(not (teacher and (problem := teacher_problem(teacher_model, teacher_meta, teacher, meta, data_dir, data.seq_len))), problem)
 if ckpt is not None:
-    need(not (problem := vocab_problem(ckpt["meta"], "the checkpoint", meta, data_dir)),
-         f"{problem}; resume with the dataset it was trained on")
+    need(not (problem := vocab_mismatch(ckpt.get("meta"), "the checkpoint" if resuming else f"the checkpoint {init_from}", meta,
+                                        data_dir, "resume with the dataset it was trained on" if resuming else TOKENIZER_FIX)), problem)
     n_params = model.num_params()
 else:
     model_args = dict({k: config[k] for k in model_fields}, vocab_size=vocab_size)
     with torch.device("meta"):  # count the parameters without allocating them
         n_params = GPT(GPTConfig(**model_args)).num_params()
-if master and write_checkpoint:  # weights + two AdamW moments in fp32, twice while a new checkpoint replaces the old one
-    need_bytes, free = n_params * 4 * 3 * 2, shutil.disk_usage(out_dir).free
-    need(free >= need_bytes, f"{out_dir} has {free / 1e6:,.0f} MB free but checkpoints of this {n_params / 1e6:,.1f}M-parameter "
-         f"model need about {need_bytes / 1e6:,.0f} MB; free some space or choose another --out_dir")
-if ckpt is None:  # paired_init: GPT draws its init seed first, so every variant of one seed starts from the same blocks
+need(not (master and write_checkpoint and (problem := disk_problem(out_dir, n_params))), problem)
+if init_from == "scratch":  # paired_init: GPT draws its init seed first, so every variant of one seed starts from the same blocks
     torch.manual_seed(seed if paired_init else seed + zlib.crc32(repr(sorted(model_args.items())).encode()))
     model = GPT(GPTConfig(**model_args))
 model.to(device, dtype=torch.float64 if dtype == "float64" else torch.float32)
 
-# AdamW. Decay: matrices (linears, embedding) and postmix U, V (their decay pulls M = I + V U^T toward
-# the identity, the plain-GQA prior). No decay: norms, and premix P, whose natural centre is the
-# identity, not zero: decay would shrink every virtual query toward nothing.
-params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-decay = [p for n, p in params.items() if p.dim() >= 2 and "premix" not in n]
-no_decay = [p for n, p in params.items() if p.dim() < 2 or "premix" in n]
-optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-                              lr=learning_rate, betas=(beta1, beta2), **({"fused": True} if device_type == "cuda" else {}))
+# AdamW: weight decay on matrices and postmix, none on norms and premix (distill.adamw_groups says why)
+optimizer = torch.optim.AdamW(adamw_groups(model, weight_decay), lr=learning_rate, betas=(beta1, beta2),
+                              **({"fused": True} if device_type == "cuda" else {}))
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
-if ckpt is not None:
+frozen = frozen_params(model) if freeze_iters else []  # held still for the first freeze_iters iterations
+if resuming:
     optimizer.load_state_dict(ckpt["optimizer"])
     if "scaler" in ckpt:
         scaler.load_state_dict(ckpt["scaler"])
-    ckpt = None  # free memory
+ckpt = None  # free memory
 raw_model = model
 if compile:
     if master:
@@ -255,6 +250,7 @@ if compile:
     # fullgraph: a graph break in the model is an error, not a silent slowdown. Under DDP, its optimizer splits
     # the graph at gradient buckets on purpose, so fullgraph is off there.
     model = torch.compile(model, fullgraph=not ddp)
+    teacher_model = teacher_model and torch.compile(teacher_model, fullgraph=True)
 if ddp:
     model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
 
@@ -272,24 +268,14 @@ def get_lr(it):
 
 @torch.no_grad()
 def estimate_loss():
-    """Mean loss over the same eval_iters batches at every eval (fixed generator per split). Row datasets:
-    val is the stored held-out rows at full difficulty, scored too: val_acc (answer tokens right) and
-    val_exact (rows with every answer right), by argmax, which equals greedy decoding for exact match."""
+    """Mean loss (CE) over the same eval_iters batches at every eval (fixed generator per split). Row datasets:
+    val is the held-out rows (data/dataset.py's score_val_rows)."""
     model.eval()
     out = {}
     for split in ("train", "val"):
         gen = torch.Generator().manual_seed(seed + (1 if split == "val" else 2))
-        if row_spec and split == "val":
-            x_all, y_all = data.val_rows
-            losses, preds = [], []
-            for i in range(0, len(x_all), batch_size):
-                x, y = x_all[i:i + batch_size].to(device), y_all[i:i + batch_size].to(device)
-                with autocast:
-                    logits, loss = model(x, y)
-                losses.append(loss.item() * (y >= 0).sum().item())
-                preds.append(logits.argmax(-1).cpu())
-            out["val"] = sum(losses) / (y_all >= 0).sum().item()  # mean over all answer tokens
-            out["val_acc"], out["val_exact"] = recall_tasks.score(torch.cat(preds).numpy(), y_all.numpy())
+        if row_spec and split == "val":  # the stored held-out rows at full difficulty, also scored: val_acc, val_exact
+            out.update(data.score_val_rows(model, batch_size, device, autocast))
             continue
         losses = torch.zeros(eval_iters)
         for k in range(eval_iters):
@@ -305,9 +291,9 @@ peak = gpu_spec(torch.cuda.get_device_name())[0] if device_type == "cuda" else N
 flops_per_iter = raw_model.flops_per_token(data.seq_len, training=True) * tokens_per_iter
 
 if master:
-    if init_from == "resume":
+    if resuming:
         cut_log(log_path, iter_num)
-    elif init_from == "scratch":
+    else:
         open(log_path, "w").close()
     print(f"{raw_model.cfg.attn} model: {raw_model.num_params() / 1e6:.2f}M params, KV cache "
           f"{raw_model.kv_bytes_per_token(torch.float32)} B/token (fp32), {tokens_per_iter} tokens/iter, "
@@ -374,12 +360,14 @@ if use_bar:
     bar = tqdm(total=max_iters, initial=iter_num, dynamic_ncols=True)
 say = bar.write if use_bar else print
 t_start = time.time() - elapsed_before
-t_last, iters_since, saved_iter = time.time(), 0, iter_num if init_from == "resume" else None
+t_last, iters_since, teacher_s, saved_iter = time.time(), 0, 0.0, iter_num if resuming else None
 health_batch = get_batch("val", torch.Generator().manual_seed(seed + 3))[0][:4]
 stop_now = False  # set at each eval: --stop_at_acc reached
 model.train()
 while True:
     lr = get_lr(iter_num)
+    freezing = iter_num < freeze_iters  # warm-up phase 0: only attention trains (distill.py)
+    set_frozen(frozen, freezing and not ddp)  # under DDP (its reducer expects every gradient) drop_grads does it below
     for group in optimizer.param_groups:
         group["lr"] = lr
 
@@ -417,10 +405,16 @@ while True:
         x, y = get_batch("train", gen, difficulty(iter_num))
         if ddp:  # sync gradients only on the last micro-step
             model.require_backward_grad_sync = k == accum_per_rank - 1
+        if teacher:  # the teacher's logits on the same batch, timed: its share of the step is logged
+            teacher_logits, seconds = teacher_forward(teacher_model, x, autocast, device_type)
+            teacher_s += seconds
         with autocast:
-            loss = model(x, y)[1] / accum_per_rank
+            logits, loss = model(x, None if teacher else y)
+            loss = (kd_loss(logits, teacher_logits, y, distill_temperature, distill_alpha) if teacher else loss) / accum_per_rank
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
+    if freezing:
+        drop_grads(frozen)  # no AdamW update at all, not even weight decay
     if grad_clip:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -435,12 +429,13 @@ while True:
     iters_since += 1
     if master and (iter_num % log_interval == 0 or iter_num == max_iters - 1):
         dt = (time.time() - t_last) / iters_since
-        t_last, iters_since = time.time(), 0
-        row = {"iter": iter_num, "loss": loss_value, "lr": lr, "tok_per_s": tokens_per_iter / dt, "time": time.time() - t_start}
+        row = {"iter": iter_num, "loss": loss_value, "lr": lr, "tok_per_s": tokens_per_iter / dt, "time": time.time() - t_start,
+               **({"teacher_share": teacher_s / (dt * iters_since)} if teacher else {})}
+        t_last, iters_since, teacher_s = time.time(), 0, 0.0
         if peak:
             row["mfu"] = flops_per_iter / dt / (peak * world_size)
         log(row)
-        stats = f"loss {loss_value:.4f}, {row['tok_per_s']:.0f} tok/s" + (f", mfu {row['mfu']:.1%}" if peak else "")
+        stats = f"loss {loss_value:.4f}, {row['tok_per_s']:.0f} tok/s" + "".join(f", {k} {row[k]:.1%}" for k in ("mfu", "teacher_share") if k in row)
         if use_bar:
             bar.set_postfix_str(stats)
         else:

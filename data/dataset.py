@@ -79,3 +79,19 @@ class Dataset:
     def level(self, frac):
         """The curriculum level (a task knob, e.g. pairs per row) at progress frac, for the log."""
         return recall_tasks.level(self.rows, frac, self.curriculum_mode)
+
+    @torch.no_grad()
+    def score_val_rows(self, model, batch_size, device, autocast):
+        """Row datasets: the stored held-out rows at full difficulty -> val (mean loss over all answer tokens), val_acc
+        (answer tokens right) and val_exact (rows with every answer right), by argmax, which equals greedy decoding
+        for exact match."""
+        x_all, y_all = self.val_rows
+        losses, preds = [], []
+        for i in range(0, len(x_all), batch_size):
+            x, y = x_all[i:i + batch_size].to(device), y_all[i:i + batch_size].to(device)
+            with autocast:
+                logits, loss = model(x, y)
+            losses.append(loss.item() * (y >= 0).sum().item())
+            preds.append(logits.argmax(-1).cpu())
+        acc, exact = recall_tasks.score(torch.cat(preds).numpy(), y_all.numpy())
+        return {"val": sum(losses) / (y_all >= 0).sum().item(), "val_acc": acc, "val_exact": exact}

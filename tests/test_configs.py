@@ -93,3 +93,38 @@ def test_paper_shapes_train_one_row_per_micro_step_with_the_same_global_batch():
     for path in sorted(glob.glob(os.path.join(ROOT, "config", "paper_1p7b_*.py"))):
         s = load(path)
         assert (s["batch_size"], s["gradient_accumulation_steps"], s["block_size"]) == (1, 16, 4096), path
+
+
+QWEN3_0P6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                  num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=True)
+WARMUP = {n: os.path.join(ROOT, "config", f"qwen3_0p6b_{n}.py") for n in ("vha_warmup", "gqa2_uptrain")}
+
+
+def test_qwen3_warmup_recipe_and_its_baseline_state_their_budget():
+    """Both parse, differ only in the converted start, and their comments' arithmetic is the numbers' and model.py's."""
+    from checkpoint import qwen3_model_args
+    from convert import target_config
+    settings = {n: load(p) for n, p in WARMUP.items()}
+    assert {k: v for k, v in settings["vha_warmup"].items() if k not in ("out_dir", "init_from")} == \
+        {k: v for k, v in settings["gqa2_uptrain"].items() if k not in ("out_dir", "init_from")}
+    source = GPTConfig(**qwen3_model_args(QWEN3_0P6B))
+    with torch.device("meta"):
+        teacher = GPT(source)
+    for n, s in settings.items():
+        text = open(WARMUP[n]).read()
+        assert not MODEL_KEYS & set(s) - {"block_size", "dropout"}  # the model's shape comes from the checkpoint
+        assert s["init_from"].endswith("/ckpt.pt") and s["teacher"] == "Qwen3-0.6B" and s["dataset"] == "fineweb_edu"
+        assert (s["distill_alpha"], s["distill_temperature"]) == (0.7, 1.0) and 0 < s["freeze_iters"] < s["max_iters"]
+        per_iter = s["batch_size"] * s["block_size"] * s["gradient_accumulation_steps"]
+        assert (f"{s['batch_size']} rows x {s['block_size']} tokens x {s['gradient_accumulation_steps']} accumulation steps"
+                f" = {per_iter:,}") in text
+        assert f"{s['max_iters']:,} iterations x {per_iter:,} = {s['max_iters'] * per_iter:,} tokens" in text
+        assert f"freeze: {s['freeze_iters']:,} iterations x {per_iter:,} = {s['freeze_iters'] * per_iter:,} tokens" in text
+        assert f"python convert.py --src=Qwen3-0.6B --out_dir={os.path.dirname(s['init_from'])} --n_kv_head=2" in text
+        with torch.device("meta"):
+            student = GPT(target_config(source, "vha" if n == "vha_warmup" else "gqa", 2, 0))
+        assert (student.cfg.n_attn_head, student.cfg.n_q_proj, student.cfg.n_kv_head) == ((16, 8, 2) if n == "vha_warmup" else (16, 16, 2))
+        flops = [student.flops_per_token(s["block_size"], training=True) / 1e9, teacher.flops_per_token(s["block_size"]) / 1e9]
+        assert f"{flops[0]:.3f} GFLOPs/token (student, training) + {flops[1]:.3f} GFLOPs/token (teacher, forward)" in text
+        seconds = s["max_iters"] * per_iter * float(f"{sum(flops):.3f}e9") / (0.4 * 989e12)
+        assert f"{s['max_iters'] * per_iter:,} x {sum(flops):.3f}e9 / (0.4 x 989e12) = {seconds:,.0f} s" in text

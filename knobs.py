@@ -1,0 +1,100 @@
+"""
+What train.py checks in its settings before it reads any data or model: each problem is one line naming the knob and
+the fix. `c` is train.py's config dict (its defaults updated by config files and --key=value).
+"""
+import os
+
+from checkpoint import start_path, vocab_problem
+from data.recall import tasks as recall_tasks
+from model import GPTConfig
+
+TOKENIZER_FIX = "prepare the data with the model's tokenizer (data/fineweb_edu writes GPT-2 ids only; docs/convert.md#warm-up)"
+WARMUP_KEYS = ("freeze_iters", "teacher", "distill_alpha", "distill_temperature")  # kept by a resumed run
+
+
+def knob_problem(c, model_fields):
+    """The first bad setting among train.py's knobs, or None. model_fields: the knobs GPTConfig takes; a scratch run's
+    bad head/rank/width combination fails here, before any data is prepared."""
+    positive = ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "ddp_timeout")
+    checks = [(f"{k} must be >= 1, got {c[k]}", c[k] >= 1) for k in positive] + [
+        (f"max_iters and warmup_iters must be >= 0, got {c['max_iters']} and {c['warmup_iters']}", c["max_iters"] >= 0 and c["warmup_iters"] >= 0),
+        ("need learning_rate > 0, weight_decay >= 0, grad_clip >= 0 (0 = off) and 0 <= beta1, beta2 < 1",
+         c["learning_rate"] > 0 and c["weight_decay"] >= 0 and c["grad_clip"] >= 0 and 0 <= c["beta1"] < 1 and 0 <= c["beta2"] < 1),
+        (f"min_lr={c['min_lr']} must be in [0, learning_rate={c['learning_rate']}]", 0 <= c["min_lr"] <= c["learning_rate"]),
+        (f"warmup_iters={c['warmup_iters']} is past lr_decay_iters={c['lr_decay_iters']} (default: max_iters), so the learning "
+         f"rate would jump from its peak to min_lr; lower --warmup_iters or raise --lr_decay_iters",
+         not c["decay_lr"] or c["eval_only"] or c["warmup_iters"] <= c["lr_decay_iters"]),
+        (f"curriculum_mode must be one of {', '.join(recall_tasks.CURRICULUM_MODES)}, got {c['curriculum_mode']!r}",
+         c["curriculum_mode"] in recall_tasks.CURRICULUM_MODES),
+        (f"need 0 <= stop_at_acc <= 1 and data_stream >= 0, got {c['stop_at_acc']}, {c['data_stream']}",
+         0 <= c["stop_at_acc"] <= 1 and c["data_stream"] >= 0),
+        (f"dtype must be auto, float32, bfloat16, float16 or float64, got {c['dtype']!r}",
+         c["dtype"] in ("auto", "float32", "bfloat16", "float16", "float64")),
+    ]
+    problem = next((msg for msg, ok in checks if not ok), None)
+    if problem is None and c["init_from"] == "scratch":
+        try:
+            GPTConfig(**{k: c[k] for k in model_fields}, vocab_size=1)
+        except ValueError as e:
+            problem = str(e)
+    return problem
+
+
+def warmup_problem(c, ckpt_path):
+    """The first bad warm-up setting (init_from, freeze_iters, teacher, distill_*), or None."""
+    init, alpha = c["init_from"], c["distill_alpha"]
+    if init not in ("scratch", "resume") and os.path.realpath(start_path(init)) == os.path.realpath(ckpt_path):
+        return f"init_from={init} is this out_dir's own checkpoint: continuing it is --init_from=resume"
+    if not 0 <= c["freeze_iters"] <= c["max_iters"]:
+        return f"freeze_iters={c['freeze_iters']} must be in [0, max_iters={c['max_iters']}]; lower it or raise --max_iters"
+    if not 0 <= alpha <= 1:
+        return f"distill_alpha={alpha} must be in [0, 1] (the weight of the teacher's KL against the hard-label loss)"
+    if not c["distill_temperature"] > 0:
+        return f"distill_temperature={c['distill_temperature']} must be > 0 (1: the teacher's own distribution)"
+    if init == "resume":  # the teacher and alpha come from the checkpoint (kept_warmup refuses others)
+        return None
+    if c["teacher"] and alpha == 0:
+        return f"teacher={c['teacher']} is given but distill_alpha=0 would never use it; drop --teacher or set --distill_alpha > 0"
+    if alpha > 0 and not c["teacher"]:
+        return f"distill_alpha={alpha} needs a teacher to distill from; set --teacher=PATH or drop --distill_alpha"
+    return None
+
+
+
+def contradictions(c, defaults, kept, keys):
+    """The knobs set (not left at their default) to something else than a checkpoint keeps: 'k=v (checkpoint: w), ...'."""
+    return ", ".join(f"{k}={c[k]!r} (checkpoint: {kept[k]!r})" for k in keys if c[k] != defaults[k] and c[k] != kept[k])
+
+
+def vocab_mismatch(meta, name, data_meta, data_dir, fix):
+    """Why a model (checkpoint or teacher) with this meta cannot read data_dir's token ids, ending in `fix`, or None."""
+    if not meta:
+        return f"{name} carries no tokenizer description (meta), so its token ids cannot be checked against {data_dir}'s; {fix}"
+    problem = vocab_problem(meta, name, data_meta, data_dir)
+    return problem and f"{problem}; {fix}"
+
+
+def kept_warmup(saved, c, defaults):
+    """On resume: the warm-up settings the checkpoint's config kept (saved; a key it lacks: the default), and the line
+    refusing any set on the command line to something else, or None."""
+    kept = {k: saved.get(k, defaults[k]) for k in WARMUP_KEYS}
+    typed = contradictions(c, defaults, kept, WARMUP_KEYS)
+    return kept, typed and f"a resumed run keeps its checkpoint's warm-up settings, but you set {typed}; drop them or start a new --out_dir"
+
+
+def start_args(model_args, c, defaults):
+    """A new run from a checkpoint: its model_args with block_size and dropout as set on the command line (training
+    knobs; block_size up to the checkpoint's), and the line refusing a longer block_size, or None."""
+    own = {k: c[k] for k in ("block_size", "dropout") if c[k] != defaults[k]}
+    longest = model_args["block_size"]
+    return {**model_args, **own}, own.get("block_size", 0) > longest and (
+        f"block_size={c['block_size']} is past the checkpoint's {longest}, the longest sequence its model takes; lower --block_size")
+
+
+def teacher_problem(teacher, meta, name, data_meta, data_dir, seq_len, fix=TOKENIZER_FIX):
+    """Why this teacher cannot score this run's batches (another tokenizer, too short a context), or None."""
+    if problem := vocab_mismatch(meta, f"the teacher {name}", data_meta, data_dir, fix):
+        return problem
+    if teacher.cfg.block_size < seq_len:
+        return f"the teacher {name} takes sequences of at most {teacher.cfg.block_size} tokens, this run's are {seq_len}; lower --block_size"
+    return None
