@@ -13,6 +13,7 @@ from dataclasses import asdict, fields
 
 import torch
 
+from data.common import HF_TOKENIZER_FILES, hf_tokenizer_sha256
 from model import GPT, GPTConfig
 
 
@@ -139,12 +140,31 @@ def resume_problem(ckpt, path):
 
 
 def vocab_problem(meta_a, name_a, meta_b, name_b):
-    """Why a model trained on meta_a's tokens cannot read meta_b's data (or be compared with a model of it), or None."""
+    """Why a model trained on meta_a's tokens cannot read meta_b's data (or be compared with a model of it), or None.
+    The same tokenizer kind and vocab_size, and the same characters (char) or task spec (rows); for Hugging Face
+    tokenizers (hf) the same tokenizer files (data.common.hf_tokenizer_sha256: two tokenizers of one size differ) and
+    meta_b's ids inside meta_a's vocab (a Qwen3 model has 151,936 rows, its tokenizer ~151,669 ids)."""
+    if meta_a.get("tokenizer") == meta_b.get("tokenizer") == "hf":
+        return hf_vocab_problem(meta_a, name_a, meta_b, name_b)
     a, b = [(m.get("tokenizer"), m["vocab_size"], m.get("stoi") or m.get("rows")) for m in (meta_a, meta_b)]
     if a == b:
         return None
     other = ("other characters" if a[0] == "char" else "another recall task spec") if a[:2] == b[:2] else f"the {b[0]} tokenizer ({b[1]} tokens)"
     return f"vocab mismatch: {name_a} was trained with the {a[0]} tokenizer ({a[1]} tokens) but {name_b} has {other}"
+
+
+def hf_vocab_problem(meta_a, name_a, meta_b, name_b):
+    """vocab_problem for two Hugging Face tokenizer metas."""
+    (sha_a, va), (sha_b, vb) = [(hf_tokenizer_sha256(m.get("hf_tokenizer_files")), m["vocab_size"]) for m in (meta_a, meta_b)]
+    if sha_a is None or sha_b is None:
+        return (f"vocab mismatch: {name_a if sha_a is None else name_b} carries no Hugging Face tokenizer files (its folder had "
+                f"no tokenizer.json), so its ids cannot be checked; copy the tokenizer files into the folder and import it again")
+    if sha_a != sha_b:
+        return (f"vocab mismatch: {name_a} was trained with another Hugging Face tokenizer than {name_b}'s (tokenizer "
+                f"sha256 {sha_a[:12]} vs {sha_b[:12]}, {va} vs {vb} tokens)")
+    if vb > va:
+        return f"vocab mismatch: {name_b} has ids up to {vb - 1}, past the {va} rows of {name_a}"
+    return None
 
 
 def prepare_out_dir(out_dir, ckpt_path, resuming):
@@ -202,8 +222,7 @@ QWEN3_DEFAULTS = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, i
                       num_attention_heads=32, head_dim=128, hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6,
                       tie_word_embeddings=False, attention_bias=False, use_sliding_window=False, sliding_window=4096,
                       max_window_layers=28, attention_dropout=0.0)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
+TOKENIZER_FILES = HF_TOKENIZER_FILES  # the files data/*/prepare.py --tokenizer=hf reads too: the same fingerprint
 
 
 def our_name(hf_name):
@@ -293,8 +312,10 @@ def model_from_hf(folder, device="cpu"):
         if os.path.isfile(os.path.join(folder, name)):
             with open(os.path.join(folder, name), "rb") as f:
                 files[name] = f.read()
+    # vocab_size: the model's rows (config.json; Qwen3: 151,936), which may exceed the tokenizer's ids (~151,669): data
+    # prepared with this tokenizer has the smaller vocab_size, and vocab_problem takes it as long as the files match
     meta = {"tokenizer": "hf", "vocab_size": cfg.vocab_size, "hf_tokenizer_files": files or None,
-            "source": f"Hugging Face folder {os.path.abspath(folder)}"}
+            "hf_tokenizer_sha256": hf_tokenizer_sha256(files), "source": f"Hugging Face folder {os.path.abspath(folder)}"}
     return model, meta
 
 

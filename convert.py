@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from configurator import ConfigError, configure
-from data.common import load_tokenizer
+from data.common import load_tokenizer, read_bin
 from checkpoint import load_checkpoint, model_from_checkpoint, model_from_hf, model_from_state, save_checkpoint
 from model import GPTConfig, rope_cos_sin
 
@@ -45,7 +45,7 @@ n_kv_head = 2  # KV heads of the target; must divide the source's
 premix_fit = "weights"  # "weights": P from W_q alone; "activations": P fits the queries on the calibration tokens
 ridge = 1e-6  # premix ridge, relative: lam = ridge * tr(B B^T) / d (scale-free); 0 = plain least squares
 postmix_rank = 0  # rank r of V U^T; 0: GPTConfig's default max(1, n_head // 4)
-calib = ""  # calibration tokens: a .bin of uint16 ids, or a UTF-8 text file (source tokenizer); "": the source's val.bin, else random
+calib = ""  # calibration tokens: a .bin of token ids (uint16, or as its folder's meta.pkl says), or a UTF-8 text file (source tokenizer); "": the source's val.bin, else random
 calib_batches = 2
 batch_size = 2
 calib_len = 256  # tokens per calibration sequence (at most the model's block_size)
@@ -201,7 +201,7 @@ def calibration_tokens(meta, config, vocab_size, block_size):
     if not os.path.isfile(path):
         raise ValueError(f"--calib={path}: no such file; give a .bin of token ids or a UTF-8 text file")
     if path.endswith(".bin"):
-        ids = torch.from_numpy(np.memmap(path, dtype=np.uint16, mode="r").astype(np.int64))
+        ids = torch.from_numpy(read_bin(path).astype(np.int64))  # uint16, or uint32 when its folder's meta.pkl says so
     elif not meta:
         raise ValueError(f"--calib={path}: the source carries no tokenizer to read text with; give token ids (a .bin file)")
     else:

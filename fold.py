@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from configurator import ConfigError, configure
-from data.common import gpt2_encoding
+from data.common import gpt2_encoding, read_bin
 from checkpoint import VOCAB_ROWS, load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
 from health import layer_health
 from model import GPT
@@ -61,7 +61,7 @@ def proof_tokens(ckpt, vocab_size, block_size, n_seqs):
         path = os.path.join(folder, "val.bin")
         if not os.path.isfile(path):
             continue
-        data = np.memmap(path, dtype=np.uint16, mode="r")
+        data = read_bin(path)  # uint16 or uint32, as the folder's meta.pkl says
         T = min(block_size, len(data) - 1)
         if T < 2:
             continue

@@ -8,7 +8,8 @@ from checkpoint import start_path, vocab_problem
 from data.recall import tasks as recall_tasks
 from model import GPTConfig
 
-TOKENIZER_FIX = "prepare the data with the model's tokenizer (data/fineweb_edu writes GPT-2 ids only; docs/convert.md#warm-up)"
+TOKENIZER_FIX = ("prepare the data with the model's tokenizer (a Hugging Face model: data/fineweb_edu/prepare.py --tokenizer=hf "
+                 "--hf_tokenizer=FOLDER; docs/convert.md#warm-up)")
 WARMUP_KEYS = ("freeze_iters", "teacher", "distill_alpha", "distill_temperature")  # kept by a resumed run
 
 

@@ -184,11 +184,11 @@ if teacher:  # the teacher's logits on the same batches, in eval mode without gr
     except (FileNotFoundError, ImportError, ValueError) as e:
         sys.exit(f"error: cannot load teacher={teacher}: {e}")
 
-# data: uint16 token bins (text) or a row spec + held-out rows (data/recall), and meta.pkl; prepared on first use
+# data: uint16/uint32 token bins (text) or a row spec + held-out rows (data/recall), and meta.pkl; prepared on first use
 data_dir = data_dir or os.path.join(DATA_ROOT, dataset)
 try:
     if master:
-        prepare_if_missing(data_dir, dataset)
+        prepare_if_missing(data_dir, dataset, [(ckpt and ckpt.get("meta"), f"the checkpoint {init_from}"), (teacher and teacher_meta, f"the teacher {teacher}")])
     if ddp:
         torch.distributed.barrier()
     data = Dataset(data_dir, block_size, curriculum_iters, curriculum_mode)

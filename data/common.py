@@ -1,6 +1,8 @@
 """
 Shared data helpers: pinned downloads, tokenizers, the .bin writer. A dataset is a folder with train.bin,
-val.bin (flat uint16 token ids, read with np.memmap) and meta.pkl (how ids map back to text: load_tokenizer).
+val.bin (flat token ids, read with np.memmap: uint16, or uint32 when the vocab has more than 65,536 ids, as
+meta["dtype"] says; folders written before it have no "dtype" and are uint16) and meta.pkl (how ids map back to
+text: load_tokenizer).
 """
 import hashlib
 import itertools
@@ -189,6 +191,83 @@ def encode_gpt2(text):
     return ids(train), ids(val), gpt2_meta(enc)
 
 
+# ---- a Hugging Face tokenizer folder (e.g. Qwen3's), offline ----
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                      "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")  # = checkpoint.TOKENIZER_FILES
+HF_ID_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")  # what fixes the ids
+
+
+def hf_tokenizer_sha256(files):
+    """The fingerprint of a Hugging Face tokenizer (name -> bytes): sha256 of the files that fix its token ids
+    (tokenizer.json: vocab, merges, added tokens; else the slow tokenizer's files). A chat template or another eos in
+    tokenizer_config.json does not change it. None when there are no such files."""
+    if not files:
+        return None
+    named = {os.path.basename(n): data for n, data in files.items()}
+    ids = ["tokenizer.json"] if "tokenizer.json" in named else [n for n in HF_ID_FILES if n in named]
+    if not ids:
+        return None
+    h = hashlib.sha256()
+    for n in ids:
+        h.update(n.encode() + b"\0" + hashlib.sha256(named[n]).digest())
+    return h.hexdigest()
+
+
+def read_hf_tokenizer_files(folder):
+    """The tokenizer files of a Hugging Face folder, name -> bytes (the same files checkpoint.model_from_hf keeps)."""
+    files = {}
+    for name in HF_TOKENIZER_FILES:
+        if os.path.isfile(os.path.join(folder, name)):
+            with open(os.path.join(folder, name), "rb") as f:
+                files[name] = f.read()
+    if not os.path.isdir(folder) or "tokenizer.json" not in files and not {"vocab.json", "tokenizer.model"} & files.keys():
+        raise SystemExit(f"error: --hf_tokenizer={folder} holds no Hugging Face tokenizer (tokenizer.json, or vocab.json + "
+                         f"merges.txt); give the model's folder, e.g. --hf_tokenizer=Qwen3-0.6B")
+    return files
+
+
+class HFEncoding:
+    """A Hugging Face tokenizer folder with tiktoken's face, so doc_pieces and prepare_string take either:
+    encode_ordinary (special tokens in the text are plain text, never parsed), encode_ordinary_batch, eot_token,
+    n_vocab. The end-of-document token is <|endoftext|> if the tokenizer has it (Qwen3, GPT-2), else its eos token."""
+
+    def __init__(self, folder, num_threads=None):
+        if num_threads:  # the Rust thread pool reads this once, at its first parallel batch
+            os.environ.setdefault("RAYON_NUM_THREADS", str(num_threads))
+        self.files = read_hf_tokenizer_files(folder)
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            raise SystemExit("error: --tokenizer=hf needs transformers: pip install transformers tokenizers") from None
+        self.tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        self.n_vocab = len(self.tok)  # every id it can write: base vocab + added tokens
+        vocab = self.tok.get_vocab()
+        eot = "<|endoftext|>" if "<|endoftext|>" in vocab else self.tok.eos_token
+        self.eot_token = vocab.get(eot) if eot else None
+        if self.eot_token is None:
+            raise SystemExit(f"error: the tokenizer in {folder} has neither <|endoftext|> nor an eos token to end documents "
+                             f"with; add one (eos_token in tokenizer_config.json)")
+        self.eot_name = eot
+
+    def encode_ordinary_batch(self, texts, num_threads=None):
+        return self.tok(list(texts), add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+    def encode_ordinary(self, text):
+        return self.encode_ordinary_batch([text])[0]
+
+    def meta(self):
+        return {"tokenizer": "hf", "vocab_size": self.n_vocab, "eot_token": self.eot_token, "hf_tokenizer_files": self.files,
+                "hf_tokenizer_sha256": hf_tokenizer_sha256(self.files)}
+
+
+def encode_hf(text, folder):
+    """A Hugging Face tokenizer folder (plain text, special tokens not parsed). Returns (train_ids, val_ids, meta)."""
+    enc = HFEncoding(folder)
+    train, val = split_text(text)
+    ids = lambda s: np.array(enc.encode_ordinary(s), dtype=np.int64)
+    return ids(train), ids(val), enc.meta()
+
+
 def load_tokenizer(meta):
     """(encode, decode) functions for the tokenizer a dataset's meta.pkl describes (used by sample.py)."""
     kind = meta.get("tokenizer", "char" if "stoi" in meta else "gpt2")  # old nanoGPT metas have no "tokenizer"
@@ -209,7 +288,7 @@ def load_tokenizer(meta):
     if kind == "rows":
         raise ValueError("this is a row dataset of synthetic recall tasks (data/recall): its tokens are not text; "
                          "score such a model with python sweep.py, or train on a text dataset")
-    raise ValueError(f"unknown tokenizer {kind!r} in meta.pkl: expected 'char' or 'gpt2'; re-run prepare.py")
+    raise ValueError(f"unknown tokenizer {kind!r} in meta.pkl: expected 'char', 'gpt2' or 'hf'; re-run prepare.py")
 
 
 def hf_tokenizer_functions(meta):
@@ -232,10 +311,30 @@ def hf_tokenizer_functions(meta):
 
 
 # ---- writing train.bin / val.bin / meta.pkl ----
+def bin_dtype(vocab_size):
+    """The id type of a dataset's .bin files: uint16 while every id fits (vocab_size <= 65,536, e.g. GPT-2's 50,257),
+    else uint32 (e.g. Qwen3's tokenizer, about 151,669 ids): twice the disk, the same memmap reads."""
+    return "uint16" if vocab_size <= 2**16 else "uint32"
+
+
+def read_bin(path, dtype=None):
+    """A dataset's .bin as a read-only memmap, in the dtype its meta.pkl records (beside it; none or no "dtype": uint16,
+    every folder written before uint32 bins)."""
+    if dtype is None:
+        meta_path = os.path.join(os.path.dirname(os.path.abspath(path)), "meta.pkl")
+        if os.path.isfile(meta_path):
+            with open(meta_path, "rb") as f:
+                dtype = pickle.load(f).get("dtype")
+    return np.memmap(path, dtype=np.dtype(dtype or "uint16"), mode="r")
+
+
 def write_bins(pieces, out_dir, meta):
-    """Append (split, ids) pieces, split = "train" or "val", to out_dir/{split}.bin as uint16, then write
-    meta.pkl with the token counts. Pieces may be a stream, so memory stays small. All goes to temp files that
-    replace the old ones only once everything worked: a crash or bad id never clobbers a good dataset."""
+    """Append (split, ids) pieces, split = "train" or "val", to out_dir/{split}.bin as uint16 (uint32 when
+    meta["vocab_size"] > 65,536: bin_dtype), then write meta.pkl with the dtype and the token counts. Pieces may be a
+    stream, so memory stays small. All goes to temp files that replace the old ones only once everything worked: a
+    crash or bad id never clobbers a good dataset."""
+    vocab = meta.get("vocab_size", 2**16)  # no vocab_size given: anything uint16 holds
+    dtype = bin_dtype(vocab)
     tmps = {n: os.path.join(out_dir, f".{n}.tmp{os.getpid()}") for n in ("train.bin", "val.bin", "meta.pkl")}
     counts = {"train": 0, "val": 0}
     try:
@@ -248,15 +347,15 @@ def write_bins(pieces, out_dir, meta):
             files = {"train": ftrain, "val": fval}
             for split, ids in pieces:
                 ids = np.asarray(ids)
-                if ids.size and (ids.min() < 0 or ids.max() >= 2**16):
-                    raise ValueError(f"token ids {ids.min()}..{ids.max()} do not fit in uint16 (0..65535): "
-                                     "use a tokenizer with a vocab of at most 65536")
-                files[split].write(ids.astype(np.uint16).tobytes())  # the raw layout np.memmap reads back
+                if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+                    raise ValueError(f"token ids {ids.min()}..{ids.max()} do not fit a vocab of {vocab} ids ({dtype} bins): "
+                                     "give the tokenizer's true vocab_size in the meta")
+                files[split].write(ids.astype(dtype).tobytes())  # the raw layout np.memmap reads back
                 counts[split] += int(ids.size)
         for split, n in counts.items():
             if n == 0:
                 raise SystemExit(f"error: the {split} split is empty: the input is too small, give it more text")
-        meta = {**meta, "train_tokens": counts["train"], "val_tokens": counts["val"]}
+        meta = {**meta, "dtype": dtype, "train_tokens": counts["train"], "val_tokens": counts["val"]}
         with open(tmps["meta.pkl"], "wb") as f:
             pickle.dump(meta, f)
         for n in tmps:
@@ -273,11 +372,14 @@ def write_split(ids_train, ids_val, out_dir, meta):
     return write_bins([("train", ids_train), ("val", ids_val)], out_dir, meta)
 
 
-def prepare_string(text, out_dir, tokenizer, source):
-    """Tokenize text ("char" or "gpt2"), split 90/10 and write the dataset to out_dir."""
-    encoders = {"char": encode_char, "gpt2": encode_gpt2}
+def prepare_string(text, out_dir, tokenizer, source, hf_tokenizer=""):
+    """Tokenize text ("char", "gpt2", or "hf": the tokenizer of the Hugging Face folder hf_tokenizer), split 90/10 and
+    write the dataset to out_dir."""
+    encoders = {"char": encode_char, "gpt2": encode_gpt2, "hf": lambda t: encode_hf(t, hf_tokenizer)}
     if tokenizer not in encoders:
-        raise SystemExit(f"error: unknown tokenizer {tokenizer!r}: use 'char' or 'gpt2'")
+        raise SystemExit(f"error: unknown tokenizer {tokenizer!r}: use 'char', 'gpt2' or 'hf' (with --hf_tokenizer=FOLDER)")
+    if (tokenizer == "hf") != bool(hf_tokenizer):
+        raise SystemExit("error: --tokenizer=hf and --hf_tokenizer=FOLDER (a Hugging Face model folder) go together; give both")
     train, val, meta = encoders[tokenizer](text)
     meta = write_split(train, val, out_dir, {**meta, "source": source})
     print(f"{source}: {len(text):,} characters, vocab size {meta['vocab_size']:,} ({tokenizer})")
@@ -285,13 +387,13 @@ def prepare_string(text, out_dir, tokenizer, source):
     return meta
 
 
-def prepare_text(paths, out_dir, tokenizer):
+def prepare_text(paths, out_dir, tokenizer, hf_tokenizer=""):
     """The generic path: UTF-8 text files -> dataset in out_dir."""
     source = ", ".join(os.path.basename(p) for p in paths)
-    return prepare_string(read_text_files(paths), out_dir, tokenizer, source)
+    return prepare_string(read_text_files(paths), out_dir, tokenizer, source, hf_tokenizer)
 
 
-# ---- document streams (fineweb_edu): each document + <|endoftext|>, written in chunks ----
+# ---- document streams (fineweb_edu): each document + <|endoftext|> (a tiktoken Encoding or HFEncoding), in chunks ----
 def doc_pieces(docs, enc, num_tokens, val_frac=0.01, batch_size=512, num_threads=None):
     """Tokenize a stream of documents (strings) into (split, ids) chunks for write_bins. Each document
     becomes its ids + <|endoftext|>, so the model sees where documents end. Documents go to train up to

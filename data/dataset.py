@@ -1,8 +1,8 @@
 """
 What train.py reads from a prepared data folder, in one place:
 
-- text (data/shakespeare_char, data/shakespeare, data/text, data/fineweb_edu): train.bin / val.bin, one uint16
-  token stream per split; a batch is batch_size random windows of block_size tokens, y = x shifted by one.
+- text (data/shakespeare_char, data/shakespeare, data/text, data/fineweb_edu): train.bin / val.bin, one token
+  stream per split (uint16, or uint32 as meta["dtype"] says: a Hugging Face tokenizer's vocab past 65,536); a batch is batch_size random windows of block_size tokens, y = x shifted by one.
 - rows (data/recall): meta.pkl holds a task spec; training rows are generated from it at a curriculum level,
   val.npz holds the held-out rows. y is -1 except at the answers, so the loss ignores the rest.
 """
@@ -14,16 +14,47 @@ import sys
 import numpy as np
 import torch
 
+from data.common import read_bin
 from data.recall import tasks as recall_tasks
 
 DATA_ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-def prepare_if_missing(data_dir, dataset):
+# the tokenizer each data/<dataset>/prepare.py writes when train.py runs it with no flags (data/text needs --input)
+AUTO_TOKENIZER = {"shakespeare_char": "char", "shakespeare": "gpt2", "fineweb_edu": "gpt2", "recall": "rows"}
+
+
+def hf_folder(meta):
+    """The Hugging Face folder a model was imported from (its meta's source), for a command line; else FOLDER."""
+    source = meta.get("source") or ""
+    return source.removeprefix("Hugging Face folder ") if source.startswith("Hugging Face folder ") else "FOLDER"
+
+
+def unprepared_problem(data_dir, dataset, models):
+    """models: (meta or None, name) of the start checkpoint and the teacher. Why preparing data_dir now would be wasted
+    (data/<dataset>/prepare.py writes another tokenizer's ids than a model reads, so train.py would refuse the data
+    after the download), with the command that prepares it right; or None."""
+    writes = AUTO_TOKENIZER.get(dataset)
+    for meta, name in models:
+        kind = (meta or {}).get("tokenizer")
+        if not kind or not writes or kind == writes:
+            continue
+        script = "fineweb_edu/prepare.py" if dataset == "fineweb_edu" else "text/prepare.py --input FILE.txt"
+        how = (f"python data/{script} --tokenizer=hf --hf_tokenizer={hf_folder(meta)} --out_dir={data_dir}" if kind == "hf"
+               else f"python data/text/prepare.py --input FILE.txt --tokenizer={kind} --out_dir={data_dir}")
+        return (f"{data_dir} is not prepared yet and data/{dataset}/prepare.py would write {writes} ids, but {name} reads the "
+                f"{kind} tokenizer; prepare it first: {how}")
+    return None
+
+
+def prepare_if_missing(data_dir, dataset, models=()):
     """Runs data/<dataset>/prepare.py into data_dir when the folder has neither meta.pkl nor train.bin. A folder
-    with only one of them is damaged: Dataset reports it, nothing is prepared over it. Raises ValueError."""
+    with only one of them is damaged: Dataset reports it, nothing is prepared over it. models: (meta, name) pairs whose
+    tokenizer the data must have (unprepared_problem). Raises ValueError."""
     if any(os.path.exists(os.path.join(data_dir, n)) for n in ("meta.pkl", "train.bin")):
         return
+    if problem := unprepared_problem(data_dir, dataset, models):
+        raise ValueError(problem)
     prepare = os.path.join(DATA_ROOT, dataset, "prepare.py")
     if not os.path.exists(prepare):
         raise ValueError(f"no data in {data_dir} and no data/{dataset}/prepare.py to make it; prepare it yourself "
@@ -46,7 +77,8 @@ class Dataset:
                 with np.load(os.path.join(data_dir, "val.npz")) as f:
                     self.val_rows = torch.from_numpy(f["x"].astype(np.int64)), torch.from_numpy(f["y"].astype(np.int64))
             else:
-                self.splits = {s: np.memmap(os.path.join(data_dir, f"{s}.bin"), dtype=np.uint16, mode="r") for s in ("train", "val")}
+                dtype = self.meta.get("dtype") or "uint16"  # folders written before uint32 bins: uint16
+                self.splits = {s: read_bin(os.path.join(data_dir, f"{s}.bin"), dtype) for s in ("train", "val")}
         except (OSError, ValueError, EOFError, KeyError, pickle.UnpicklingError) as e:
             raise ValueError(f"the dataset in {data_dir} is incomplete or corrupt ({type(e).__name__}: {e}); run its "
                              f"prepare.py again (or delete the folder to have it prepared on first use)") from None

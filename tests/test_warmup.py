@@ -154,7 +154,7 @@ BAD = {  # id: (args given (teacher, conv, tmp_path), needles)
     "teacher of another tokenizer": (lambda t, c, p: [f"--init_from={c}", f"--teacher={bad_copy(t, p, meta=HF_META)}", "--distill_alpha=0.7"],
                                      ["vocab mismatch: the teacher", "hf tokenizer (151936 tokens)", "prepare the data with the model's tokenizer"]),
     "student of another tokenizer": (lambda t, c, p: [f"--init_from={bad_copy(c, p, meta=HF_META)}"],
-                                     ["vocab mismatch: the checkpoint", "hf tokenizer (151936 tokens)", "GPT-2 ids only"]),
+                                     ["vocab mismatch: the checkpoint", "hf tokenizer (151936 tokens)", "--tokenizer=hf"]),
     "student without meta": (lambda t, c, p: [f"--init_from={bad_copy(c, p, meta=None)}"], ["carries no tokenizer description"]),
     "student missing": (lambda t, c, p: ["--init_from=no/such.pt"], ["cannot start from init_from=no/such.pt", "not found"]),
     "student corrupt": (lambda t, c, p: [f"--init_from={garbage(p)}"], ["cannot start from init_from=", "corrupt or truncated"]),
