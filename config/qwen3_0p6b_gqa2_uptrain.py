@@ -2,12 +2,12 @@
 # 2 KV heads (GQA uptraining, Ainslie et al. 2023; the same KV cache as the VHA run), warmed up identically.
 # NOT RUN HERE (no GPU, no hub access in this repo's CI): the figures below are arithmetic, not measurements.
 #
-# TOKENIZER: Qwen3's (151,936 ids) is not GPT-2's. data/fineweb_edu/prepare.py writes GPT-2 ids only, into uint16
-# bins that cannot hold ids above 65,535. So train.py refuses this config before training, in one line ("vocab mismatch: the
-# teacher Qwen3-0.6B was trained with the hf tokenizer (151936 tokens) but .../data/fineweb_edu has the gpt2 tokenizer (50257
-# tokens)"), until a Qwen3-tokenized FineWeb-Edu exists (uint32 bins, meta.pkl with the folder's tokenizer; not in this
-# repo yet). It never trains on wrong ids.
+# TOKENIZER: Qwen3's, not GPT-2's: FineWeb-Edu tokenized with the folder's tokenizer (~151,669 ids, so uint32 bins:
+# 600,000,000 tokens x 4 bytes = 2.4 GB; 99% = 594,000,000 train tokens, more than the 524,288,000 below), prepared
+# once, before training (train.py refuses, in one line and before any download, to prepare data_dir with
+# data/fineweb_edu's default GPT-2 tokenizer):
 #
+# python data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer=Qwen3-0.6B --num_tokens=600000000 --out_dir=data/fineweb_edu_qwen3
 # python convert.py --src=Qwen3-0.6B --out_dir=out-qwen3-gqa2 --n_kv_head=2 --to=gqa  # the student (its shape comes from it)
 # python train.py config/qwen3_0p6b_gqa2_uptrain.py                               # the teacher: the Hugging Face folder
 #
@@ -24,6 +24,7 @@ out_dir = "out-qwen3-gqa2-uptrain"
 init_from = "out-qwen3-gqa2/ckpt.pt"
 teacher = "Qwen3-0.6B"
 dataset = "fineweb_edu"
+data_dir = "data/fineweb_edu_qwen3"  # the prepare command above
 
 freeze_iters = 500
 distill_alpha = 0.7

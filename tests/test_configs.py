@@ -114,6 +114,8 @@ def test_qwen3_warmup_recipe_and_its_baseline_state_their_budget():
         text = open(WARMUP[n]).read()
         assert not MODEL_KEYS & set(s) - {"block_size", "dropout"}  # the model's shape comes from the checkpoint
         assert s["init_from"].endswith("/ckpt.pt") and s["teacher"] == "Qwen3-0.6B" and s["dataset"] == "fineweb_edu"
+        assert s["data_dir"] == "data/fineweb_edu_qwen3" and (f"python data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer="
+                                                          f"{s['teacher']} --num_tokens=600000000 --out_dir={s['data_dir']}") in text
         assert (s["distill_alpha"], s["distill_temperature"]) == (0.7, 1.0) and 0 < s["freeze_iters"] < s["max_iters"]
         per_iter = s["batch_size"] * s["block_size"] * s["gradient_accumulation_steps"]
         assert (f"{s['batch_size']} rows x {s['block_size']} tokens x {s['gradient_accumulation_steps']} accumulation steps"
