@@ -276,9 +276,12 @@ def gguf_export_problem(cfg, meta, dtype):
     except ImportError:
         return "--export_gguf needs the gguf package: pip install -r requirements-dev.txt (or pip install gguf)"
     try:
-        gguf_vocab(meta)
+        vocab, _ = gguf_vocab(meta)
     except ValueError as e:
         return str(e)
+    if vocab and len(vocab["tokens"]) != cfg.vocab_size:
+        return (f"--export_gguf: the tokenizer has {len(vocab['tokens'])} tokens but the model {cfg.vocab_size}: "
+                f"the checkpoint's meta is not its dataset's; export a checkpoint trained on this data")
     return None
 
 
