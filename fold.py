@@ -24,6 +24,7 @@ import torch
 from configurator import ConfigError, configure
 from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from export import gguf_export_problem, hf_export_problem, write_gguf, write_hf
+import llamacpp
 from model import GPT
 
 # -----------------------------------------------------------------------------
@@ -208,7 +209,8 @@ def check_model(src, c, meta):
 
 
 def fold_and_prove(model, ckpt, src, dst):
-    """Folds, proves the fold on held-out text (float32 and float64), writes dst and reports. -> the folded model."""
+    """Folds, proves the fold on held-out text (float32 and float64), writes dst and reports.
+    -> (the folded model, the held-out tokens (N, T))."""
     c, t0 = model.cfg, time.time()
     # 1. Fold: W_q'[g*H_p + h] = P[g]^T W_q[h] and W_o'[:, h] = sum_j M[j, h] W_o[:, j], in float64,
     #    cast to the checkpoint's dtype. Loaded back through model_from_checkpoint, the one loading path.
@@ -254,12 +256,13 @@ def fold_and_prove(model, ckpt, src, dst):
           f"{model.kv_bytes_per_token(torch.bfloat16):,} -> {deployed.kv_bytes_per_token(torch.bfloat16):,} "
           f"bytes/token (bf16)")
     print(f"time: fold {t_fold:.2f} s, proof {t_proof:.2f} s")
-    return deployed
+    return deployed, tokens
 
 
-def export(deployed, ckpt, src, vha, n_q_proj):
-    """The exports asked for, each written atomically after the fold is proved."""
-    meta = ckpt.get("meta")
+def export(model, deployed, ckpt, src, tokens):
+    """The exports asked for, each written atomically after the fold is proved; the GGUF is then run in llama.cpp
+    against model (the checkpoint as trained) where llama-cpp-python is installed."""
+    meta, vha, n_q_proj = ckpt.get("meta"), model.cfg.attn == "vha", model.cfg.n_q_proj
     if export_hf:
         try:
             names, note = write_hf(deployed, export_hf, meta, dict(ckpt=src, vha=vha, n_q_proj=n_q_proj))
@@ -274,6 +277,13 @@ def export(deployed, ckpt, src, vha, n_q_proj):
             sys.exit(f"error: cannot write the GGUF export to {export_gguf} ({e.strerror or e})")
         print(f"exported GGUF (qwen3, {gguf_dtype}) to {export_gguf} ({os.path.getsize(export_gguf) / 1e6:.1f} MB): "
               f"llama_cpp.Llama(model_path={export_gguf!r})" + (f"\nnote: {note}" if note else ""))
+        if llamacpp.version() is None:
+            print("llama.cpp check: skipped (pip install -r requirements-llamacpp.txt to run the file in llama.cpp here)")
+            return
+        worst, scale, diverged = llamacpp.compare(export_gguf, model, tokens[0].tolist(), gen_tokens)
+        same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
+        print(f"llama.cpp check (llama-cpp-python {llamacpp.version()}): |logit diff| max {worst:.2e} at logit scale "
+              f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; greedy {gen_tokens} tokens: {same}")
 
 
 def main(argv):
@@ -298,16 +308,16 @@ def main(argv):
         sys.exit(f"error: {problem}")
     if c.attn == "gqa":
         print(f"{src} is already plain GQA (n_head={c.n_head}, n_kv_head={c.n_kv_head}): nothing to fold, exporting it as is")
-        deployed = model
+        deployed, tokens = model, proof_tokens(ckpt, c.vocab_size, c.block_size, 1)[0]
     else:
-        deployed = fold_and_prove(model, ckpt, src, dst)
+        deployed, tokens = fold_and_prove(model, ckpt, src, dst)
     if plot:
         rows = analysis(model)
         print_analysis(model, rows)
         path = os.path.join(out_dir, "fold_analysis.png")
         save_plot(model, rows, path)
         print(f"saved {path}")
-    export(deployed, ckpt, src, c.attn == "vha", c.n_q_proj)
+    export(model, deployed, ckpt, src, tokens)
 
 
 if __name__ == "__main__":

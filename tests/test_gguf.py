@@ -2,6 +2,7 @@
 (llama-cpp-python) runs with our tokens, our logits and our greedy text, for a char-level and a GPT-2 BPE model.
 Without llama-cpp-python the llama.cpp tests skip and say why, except in CI (CI=true), where they fail."""
 import os
+import random
 from dataclasses import asdict
 
 import numpy as np
@@ -10,15 +11,17 @@ import torch
 
 import export
 import fold
-from conftest import TINY_MODEL, WORDS, run, tiny_text
+from conftest import TINY_MODEL, run
 from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from data.common import load_tokenizer, prepare_string
 from test_model import make
 
 gguf = pytest.importorskip("gguf", reason="the GGUF export needs the gguf package: pip install -r requirements-dev.txt")
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-# a mixed text made only of characters the tiny corpus has: upper and lower case, space, newline, punctuation
-CHAR_TEXT = "ROMEO:\nthe king, my lord; what light?\n\nJULIET:\nit is the sun . to be"
+VERSE = ["ROMEO:\nBut soft, what light through yonder window breaks?\n", "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\n",
+         "HAMLET:\nTo be, or not to be: that is the question.\n", "KING:\nNow is the winter of our discontent.\n"]
+# mixed texts: upper and lower case, space, newline, punctuation (the char one only of characters VERSE has)
+CHAR_TEXT = "ROMEO:\nBut soft, what light? To be, or not:\n\nJULIET:\nO Romeo."
 BPE_TEXT = "ROMEO:\nWhat light through yonder window breaks?  It is the east, 1599 -- héllo\n\n\tand Juliet's sun!"
 
 
@@ -34,12 +37,20 @@ def llama_cpp():
     return llama_cpp
 
 
-def trained_run(folder, tokenizer, iters):
-    """A tiny VHA model trained on the test corpus long enough to write words, folded and exported as f32 GGUF."""
+def verse(n_chars=60_000, seed=0):
+    """Four lines of verse in random order: a tiny model learns to continue a speaker's name with its line."""
+    rnd, text = random.Random(seed), ""
+    while len(text) < n_chars:
+        text += rnd.choice(VERSE) + "\n"
+    return text
+
+
+def trained_run(folder, tokenizer, iters, *args):
+    """A tiny VHA model trained on the verse long enough to say its lines, folded and exported as f32 GGUF."""
     data, out = os.path.join(folder, "data"), os.path.join(folder, "out")
-    prepare_string(tiny_text(), data, tokenizer, "tiny test text")
+    prepare_string(verse(), data, tokenizer, "test verse")
     run("train.py", f"--data_dir={data}", f"--out_dir={out}", f"--max_iters={iters}", f"--eval_interval={iters}",
-        *TINY_MODEL, "--block_size=64", "--log_interval=50", env=ONE_THREAD)
+        *TINY_MODEL, "--block_size=64", "--log_interval=50", *args, env=ONE_THREAD)
     report = run("fold.py", f"--out_dir={out}", f"--export_gguf={out}/model.gguf", "--gen_tokens=20", env=ONE_THREAD).stdout
     assert "exported GGUF (qwen3, float32)" in report and "greedy 20 tokens: identical" in report
     return out
@@ -52,7 +63,8 @@ def char_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bpe_run(tmp_path_factory):
-    return trained_run(str(tmp_path_factory.mktemp("gguf_bpe")), "gpt2", 200)
+    # a 50257-token LM head makes each step slow: fewer, larger steps
+    return trained_run(str(tmp_path_factory.mktemp("gguf_bpe")), "gpt2", 100, "--learning_rate=1e-2")
 
 
 def llama_logits(llm, tokens):
@@ -76,6 +88,7 @@ def test_llama_cpp_runs_the_export_like_we_do(kind, text, request):
     out = request.getfixturevalue(f"{kind}_run")
     meta = load_checkpoint(os.path.join(out, "ckpt.pt"))["meta"]
     encode, decode = load_tokenizer(meta)
+    assert set(text) <= set(meta.get("stoi", text))
     llm = llama.Llama(model_path=os.path.join(out, "model.gguf"), n_ctx=256, n_threads=1, logits_all=True, verbose=False)
     assert llm.n_vocab() == meta["vocab_size"]
     # 1. the same tokens for a mixed text, and back to the same text
@@ -93,7 +106,7 @@ def test_llama_cpp_runs_the_export_like_we_do(kind, text, request):
     llm.reset()
     theirs = prompt + llm.create_completion(prompt, max_tokens=n, temperature=0.0)["choices"][0]["text"]
     said = ours[len(prompt):]
-    assert len(set(said.split()) & set(WORDS)) >= 3, f"the test model says nothing yet: {said!r}"
+    assert len(set(said.split()) & set(" ".join(VERSE).split())) >= 3, f"the test model says nothing yet: {said!r}"
     assert theirs == ours
 
 
