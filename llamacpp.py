@@ -52,7 +52,7 @@ class LlamaCpp:
         self.lib, self.threads = llama_cpp, threads or torch.get_num_threads()
         dtype = str(model.embed.weight.dtype).replace("torch.", "")
         self.kv_type = {"float32": llama_cpp.GGML_TYPE_F32, "float16": llama_cpp.GGML_TYPE_F16,
-                        "bfloat16": llama_cpp.GGML_TYPE_BF16}[dtype]
+                        "bfloat16": getattr(llama_cpp, "GGML_TYPE_BF16", 30)}[dtype]  # 30: ggml.h's enum (0.3.36 names no BF16)
         self.folder = tempfile.mkdtemp(prefix="nanovha_gguf_")
         self.path = os.path.join(self.folder, "model.gguf")
         write_gguf(model, self.path, meta or standin_meta(model.cfg.vocab_size), dtype)
