@@ -203,3 +203,20 @@ def test_what_cannot_be_exported_is_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="fold it first"):  # the library refuses unfolded VHA weights
         export.write_gguf(make(attn="vha", n_head=4, n_kv_head=2), f"{d}/x.gguf", None)
     assert not os.path.exists(f"{d}/x.gguf")
+
+
+# ---- llama.cpp as a row in bench_decode.py ----
+def test_bench_decode_times_the_folded_model_in_llama_cpp_too():
+    llama_cpp()
+    from test_bench import TINY_DECODE, last_json
+    proc = run("bench_decode.py", *TINY_DECODE, "--variants=gqa2,vha_folded", "--llama_cpp=True", env=ONE_THREAD)
+    out = last_json(proc)
+    rows = {(r["variant"], r["ctx"]): r for r in out["results"]}
+    for ctx in (48, 96):  # the same model, the same contexts, side by side; tok/s measured, never asserted
+        ours, theirs = rows[("vha_folded", ctx)], rows[("vha_folded@llama.cpp", ctx)]
+        assert theirs["decode_tok_s"] > 0 and theirs["kv_bytes_per_token"] == ours["kv_bytes_per_token"]
+        assert out["llama_cpp"]["ours_over_llama_cpp"]["vha_folded@llama.cpp"][str(ctx)] == pytest.approx(
+            ours["decode_tok_s"] / theirs["decode_tok_s"])
+    split = {b["variant"]: b for b in out["breakdown"]}["vha_folded@llama.cpp"]
+    assert split["ms_ctx1"] > 0 and split.get("attn_ms") is None  # theirs: the total and the ctx-1 / KV split
+    assert "ours / llama.cpp decode tok/s, vha_folded:" in proc.stdout
