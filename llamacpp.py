@@ -94,13 +94,14 @@ class LlamaCpp:
 
 @torch.no_grad()
 def compare(path, model, tokens, gen_tokens, threads=1):
-    """llama.cpp running the GGUF file at path against model (ours, float32 or float64) on tokens (a list,
-    from position 0) and greedy decoding from their first 16. -> (max |logit difference|, largest |logit|,
+    """llama.cpp running the GGUF file at path (with an f32 KV cache) against model (ours, float32 or float64) on
+    tokens (a list, from position 0) and greedy decoding from their first 16. -> (max |logit difference|, largest |logit|,
     None if gen_tokens greedy tokens are identical, else the index of the first that differs)."""
     import llama_cpp
     prompt = tokens[:16]
+    f32 = llama_cpp.GGML_TYPE_F32  # llama.cpp's default KV cache is f16: it alone moves logits by ~5e-4 of the largest
     llm = llama_cpp.Llama(model_path=path, n_ctx=max(len(tokens), len(prompt) + gen_tokens) + 1, n_threads=threads,
-                          n_threads_batch=threads, logits_all=True, verbose=False)
+                          n_threads_batch=threads, logits_all=True, type_k=f32, type_v=f32, verbose=False)
     try:
         llm.eval(tokens)
         theirs = torch.tensor(llm.scores[:len(tokens)], dtype=torch.float64)  # (T, vocab)
