@@ -46,6 +46,7 @@ copy_mib = 1024  # size of the tensor copy that measures the peak bandwidth
 weight_layout = "in_out"  # Linear weights in memory: in_out (GPT.use_decode_layout) or out_in (PyTorch's default)
 plot = ""  # PNG path: tokens/s and KV memory vs context
 llama_cpp = True  # also time vha_folded (and ckpt) in llama.cpp, when llama-cpp-python is importable (CPU only)
+grad_mode = "inference"  # our decode steps under torch.inference_mode ("inference") or only no_grad ("no_grad": before)
 # system
 warmup = 3  # untimed steps per variant
 device = "auto"
@@ -61,8 +62,6 @@ try:
 except ConfigError as e:
     sys.exit(f"error: {e}")
 globals().update(config)
-
-
 device_type = device.split(":")[0]
 
 
@@ -84,7 +83,8 @@ need(mode == "decode", f"--mode={mode} moved to bench.py: python bench.py" + (" 
 need(dtype in ("auto", "float32", "bfloat16", "float16", "float64"), f"dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
 dtype, decode_impl, prefill_max = resolve_auto(device_type, dtype, decode_impl, prefill_max)
 need(decode_impl in ("grouped", "sdpa"), f"decode_impl must be auto, grouped or sdpa, got {decode_impl!r}")
-need(weight_layout in ("out_in", "in_out"), f"weight_layout must be out_in or in_out, got {weight_layout!r}")
+need(weight_layout in ("out_in", "in_out") and grad_mode in ("inference", "no_grad"), "weight_layout must be out_in or in_out, "
+     f"grad_mode inference or no_grad; got {weight_layout!r}, {grad_mode!r}")
 for key in ("decode_steps", "prefill_repeats", "block_size", "copy_mib", "n_layer", "n_embd", "head_dim", "n_head", "vocab_size",
             "vha_kv_head", "batch_size", "prefill_max"):
     need(globals()[key] >= 1, f"{key} must be >= 1, got {globals()[key]}")
@@ -269,7 +269,8 @@ def time_decode(models, ctx, compiled, runners={}):
         runner.load(ctx + 1 + warmup + decode_steps)
         runner.ttft[min(ctx, prefill_max)] = runner.fill(ctx, prefill_max)
         steps[name], kv_alloc[name] = runner.step, kv_alloc[base]  # the same cache dtype and shape
-    seconds = interleaved(steps, decode_steps)  # (a runner's context is freed by its next load)
+    with torch.inference_mode(grad_mode == "inference"):  # no version counters or view tracking: fewer us per op
+        seconds = interleaved(steps, decode_steps)  # (a runner's context is freed by its next load)
     for model in models.values():  # free the caches before the next context
         for block in model.blocks:
             block.attn.kv_cache = None
@@ -401,7 +402,7 @@ def run_decode():
     bw = copy_bandwidth()
     c = next(iter(models.values())).cfg
     print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, batch {batch_size}, decode attention {decode_impl}, "
-          f"compile {compile}, weights {weight_layout}; {c.n_layer} layers, width {c.n_embd}, {c.n_head} query heads of dim {c.head_dim}, vocab {c.vocab_size}")
+          f"compile {compile}, weights {weight_layout}, grad mode {grad_mode}; {c.n_layer} layers, width {c.n_embd}, {c.n_head} query heads of dim {c.head_dim}, vocab {c.vocab_size}")
     print(f"peak bandwidth (copy of {copy_mib} MiB, read + write): {bw / 1e9:.1f} GB/s")
     print(f"decode: the context is random K/V written into the cache (no prefill), then {decode_steps} timed steps "
           f"(+{warmup} warm-up) per variant, interleaved; prefill (TTFT) timed separately at min(context, {prefill_max})")
@@ -416,7 +417,7 @@ def run_decode():
     if plot:
         plot_decode(rows, ctxs, plot)
     return dict(mode="decode", device=device, dtype=dtype, threads=torch.get_num_threads(), batch_size=batch_size,
-                decode_impl=decode_impl, compile=compile, weight_layout=weight_layout, kv_fill="random K/V written into the cache", copy_gb_s=bw / 1e9,
+                decode_impl=decode_impl, compile=compile, weight_layout=weight_layout, grad_mode=grad_mode, kv_fill="random K/V written into the cache", copy_gb_s=bw / 1e9,
                 model={k: getattr(c, k) for k in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size")},
                 fold_max_logit_diff=fold_diffs, op_floor_ms=op_floor_ms, matmul_gflop_s=flops_peak / 1e9, results=rows,
                 breakdown=list(breakdown.values()), targets=targets,
