@@ -253,16 +253,22 @@ def char_vocab(meta):
                 merges=None, bos=None, eos=None)
 
 
-def gguf_vocab(meta):
-    """(tokenizer fields for write_gguf, or None; a note saying why not, or None)."""
+def id_vocab(vocab_size):
+    """Stand-in tokens '[0]' .. '[n-1]' (rwkv trie) for a model without a text tokenizer: llama.cpp needs a vocab
+    of the model's size to load it ('no_vocab' has none); feed it token ids."""
+    return dict(model="rwkv", pre=None, tokens=[f"[{i}]" for i in range(vocab_size)], types=[1] * vocab_size,
+                merges=None, bos=None, eos=None)
+
+
+def gguf_vocab(meta, vocab_size):
+    """(tokenizer fields for write_gguf; a note when they are stand-ins, or None)."""
     kind = tokenizer_kind(meta)
     if kind == "gpt2":
         return gpt2_vocab(), None
     if kind == "char":
         return char_vocab(meta), None
-    if kind == "rows":
-        return None, "its dataset is synthetic recall rows: written with tokenizer 'no_vocab' (feed token ids)"
-    return None, "the checkpoint carries no dataset meta: written with tokenizer 'no_vocab' (feed token ids)"
+    why = "its dataset is synthetic recall rows" if kind == "rows" else "the checkpoint carries no dataset meta"
+    return id_vocab(vocab_size), f"{why}: written with stand-in tokens '[0]'..'[{vocab_size - 1}]' (feed token ids)"
 
 
 def gguf_export_problem(cfg, meta, dtype):
@@ -276,20 +282,17 @@ def gguf_export_problem(cfg, meta, dtype):
     except ImportError:
         return "--export_gguf needs the gguf package: pip install -r requirements-dev.txt (or pip install gguf)"
     try:
-        vocab, _ = gguf_vocab(meta)
+        vocab, _ = gguf_vocab(meta, cfg.vocab_size)
     except ValueError as e:
         return str(e)
-    if vocab and len(vocab["tokens"]) != cfg.vocab_size:
+    if len(vocab["tokens"]) != cfg.vocab_size:
         return (f"--export_gguf: the tokenizer has {len(vocab['tokens'])} tokens but the model {cfg.vocab_size}: "
                 f"the checkpoint's meta is not its dataset's; export a checkpoint trained on this data")
     return None
 
 
 def add_tokenizer(writer, vocab):
-    """The tokenizer's GGUF keys; no vocab: 'no_vocab' (llama.cpp then runs on token ids alone)."""
-    if vocab is None:
-        writer.add_tokenizer_model("no_vocab")
-        return
+    """The tokenizer's GGUF keys."""
     writer.add_tokenizer_model(vocab["model"])
     if vocab["pre"]:
         writer.add_tokenizer_pre(vocab["pre"])
@@ -306,12 +309,12 @@ def add_tokenizer(writer, vocab):
 def write_gguf(model, path, meta, dtype="float32"):
     """One GGUF file, architecture qwen3, that llama.cpp loads as it loads Qwen3: the weights in dtype (norm
     weights stay float32, as llama.cpp's converter keeps 1-D tensors) and the dataset's tokenizer. Written to a
-    temp file, then renamed. Returns a note (why no tokenizer), or None."""
+    temp file, then renamed. Returns a note (why the tokens are stand-ins), or None."""
     import gguf
     c = model.cfg
     if problem := qwen3_problem(c, "--export_gguf"):
         raise ValueError(problem)
-    vocab, note = gguf_vocab(meta)
+    vocab, note = gguf_vocab(meta, c.vocab_size)
     w = gguf.GGUFWriter(None, "qwen3")
     w.add_name(os.path.splitext(os.path.basename(path))[0])
     w.add_file_type({"float32": 0, "float16": 1, "bfloat16": 32}[dtype])  # gguf.LlamaFileType

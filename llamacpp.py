@@ -3,7 +3,7 @@ llama.cpp (through llama-cpp-python) as a second CPU runtime for one of our plai
 the model is written as GGUF by export.write_gguf, the context is filled by a real prefill (llama.cpp's cache
 cannot be written from outside), then tokens are decoded one at a time, each a llama_decode of one token.
 
-    runner = LlamaCpp(model, meta, threads=2)   # None meta: a stand-in char vocab of the model's size
+    runner = LlamaCpp(model, meta, threads=2)   # None meta: stand-in tokens '[0]', '[1]', ... (speed ignores them)
     ttft = runner.fill(ctx=4096, prefill_len=2048)   # seconds for the first 2048 tokens, then the rest
     runner.step()                                    # one decoded token at position ctx, ctx+1, ...
 """
@@ -35,14 +35,6 @@ def why_not(device_type):
     return None
 
 
-def standin_meta(vocab_size):
-    """A char vocab of vocab_size distinct printable characters (from U+0100 on), for random-weight models:
-    llama.cpp wants a tokenizer in the file, and speed does not depend on which one."""
-    chars = [chr(0x100 + i) for i in range(vocab_size)]
-    return {"tokenizer": "char", "vocab_size": vocab_size, "stoi": {c: i for i, c in enumerate(chars)},
-            "itos": dict(enumerate(chars))}
-
-
 class LlamaCpp:
     """One model in llama.cpp: its weights in the model's dtype, its KV cache in the same dtype as ours (llama.cpp
     defaults to f16), flash attention off (llama-cpp-python's default), `threads` threads for decode and prefill."""
@@ -55,7 +47,7 @@ class LlamaCpp:
                         "bfloat16": getattr(llama_cpp, "GGML_TYPE_BF16", 30)}[dtype]  # 30: ggml.h's enum (0.3.36 names no BF16)
         self.folder = tempfile.mkdtemp(prefix="nanovha_gguf_")
         self.path = os.path.join(self.folder, "model.gguf")
-        write_gguf(model, self.path, meta or standin_meta(model.cfg.vocab_size), dtype)
+        write_gguf(model, self.path, meta, dtype)
         self.vocab_size, self.llm, self.gen = model.cfg.vocab_size, None, torch.Generator().manual_seed(0)
         self.ttft = {}  # prefill length -> seconds, set by the caller from fill()
 

@@ -226,3 +226,17 @@ def test_bench_decode_times_the_folded_model_in_llama_cpp_too():
     split = {b["variant"]: b for b in out["breakdown"]}["vha_folded@llama.cpp"]
     assert split["ms_ctx1"] > 0 and split.get("attn_ms") is None  # theirs: the total and the ctx-1 / KV split
     assert "ours / llama.cpp decode tok/s, vha_folded:" in proc.stdout
+
+
+def test_a_model_without_a_text_tokenizer_runs_on_token_ids(tmp_path):
+    """Recall rows (or no meta): stand-in tokens '[0]'..'[n-1]', so llama.cpp loads the file and runs token ids."""
+    llama = llama_cpp()
+    model = save(str(tmp_path), {"tokenizer": "rows", "vocab_size": 37}, attn="vha", n_head=4, n_kv_head=2)
+    report = run("fold.py", f"--out_dir={tmp_path}", f"--export_gguf={tmp_path}/rows.gguf", "--gen_tokens=5", env=ONE_THREAD).stdout
+    assert "stand-in tokens '[0]'..'[36]'" in report and "greedy 5 tokens: identical" in report.split("llama.cpp check")[1]
+    llm = load(llama, str(tmp_path / "rows.gguf"))
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6]
+    assert llm.tokenize(b"[3][1][4]", add_bos=False, special=False) == [3, 1, 4]
+    with torch.no_grad():
+        want = model(torch.tensor([tokens]))[0][0, :, :37].double().numpy()
+    assert np.abs(want - llama_logits(llm, tokens)).max() <= 1e-3 * np.abs(want).max()
