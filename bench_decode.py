@@ -8,7 +8,8 @@ throughput and the paper-scale costs are bench.py).
 
 Speed does not depend on training, so the models have random weights. Variants are timed
 interleaved (one step of each in turn), so machine noise hits them alike; figures are medians
-with warm-up steps excluded. The last stdout line is one JSON object with every figure.
+with warm-up steps excluded. The last stdout line is one JSON object with every figure. With llama-cpp-python
+installed, the folded VHA model (and --ckpt) also runs in llama.cpp, in the same rounds: rows "<variant>@llama.cpp".
 """
 import copy
 import itertools
@@ -20,6 +21,7 @@ import torch
 
 from configurator import ConfigError, configure, need, resolve_device
 from checkpoint import load_checkpoint, model_from_checkpoint
+import llamacpp
 from hardware import interleaved as interleaved_on, print_table, timed as timed_on, verdict
 from model import GPT, GPTConfig, grouped_decode_attention, sdpa
 
@@ -43,6 +45,8 @@ ckpt = ""  # a nanoVHA checkpoint to benchmark as variant "ckpt"; the other vari
 copy_mib = 1024  # size of the tensor copy that measures the peak bandwidth
 weight_layout = "in_out"  # Linear weights in memory: in_out (GPT.use_decode_layout) or out_in (PyTorch's default)
 plot = ""  # PNG path: tokens/s and KV memory vs context
+llama_cpp = True  # also time vha_folded (and ckpt) in llama.cpp, when llama-cpp-python is importable (CPU only)
+grad_mode = "inference"  # our decode steps under torch.inference_mode ("inference") or only no_grad ("no_grad": before)
 # system
 warmup = 3  # untimed steps per variant
 device = "auto"
@@ -58,8 +62,6 @@ try:
 except ConfigError as e:
     sys.exit(f"error: {e}")
 globals().update(config)
-
-
 device_type = device.split(":")[0]
 
 
@@ -81,7 +83,8 @@ need(mode == "decode", f"--mode={mode} moved to bench.py: python bench.py" + (" 
 need(dtype in ("auto", "float32", "bfloat16", "float16", "float64"), f"dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
 dtype, decode_impl, prefill_max = resolve_auto(device_type, dtype, decode_impl, prefill_max)
 need(decode_impl in ("grouped", "sdpa"), f"decode_impl must be auto, grouped or sdpa, got {decode_impl!r}")
-need(weight_layout in ("out_in", "in_out"), f"weight_layout must be out_in or in_out, got {weight_layout!r}")
+need(weight_layout in ("out_in", "in_out") and grad_mode in ("inference", "no_grad"), "weight_layout must be out_in or in_out, "
+     f"grad_mode inference or no_grad; got {weight_layout!r}, {grad_mode!r}")
 for key in ("decode_steps", "prefill_repeats", "block_size", "copy_mib", "n_layer", "n_embd", "head_dim", "n_head", "vocab_size",
             "vha_kv_head", "batch_size", "prefill_max"):
     need(globals()[key] >= 1, f"{key} must be >= 1, got {globals()[key]}")
@@ -147,12 +150,12 @@ def fold(vha, tag):
 
 
 def decode_models():
-    """name -> model on the device in dtype, eval; a VHA (random or --ckpt) is folded first."""
-    names, models, fold_diffs = [v for v in variants.split(",") if v and v != "ckpt"], {}, {}
+    """name -> model on the device in dtype, eval (a VHA, random or --ckpt, folded first); the fold checks; --ckpt's meta."""
+    names, models, fold_diffs, meta = [v for v in variants.split(",") if v and v != "ckpt"], {}, {}, None
     need(ckpt or "ckpt" not in variants.split(","), "variant 'ckpt' needs --ckpt=PATH")
     if ckpt:
         try:
-            real = model_from_checkpoint(load_checkpoint(ckpt))
+            real, meta = model_from_checkpoint(loaded := load_checkpoint(ckpt)), loaded.get("meta")
         except (FileNotFoundError, ValueError) as e:
             need(False, f"{ckpt}: {e}")
         c = real.cfg
@@ -177,7 +180,24 @@ def decode_models():
         model.to(device, ptdtype).eval()
         if weight_layout == "in_out":
             model.use_decode_layout()  # same values and shape, transposed storage
-    return models, fold_diffs
+    return models, fold_diffs, meta
+
+
+def llama_runners(models, meta):
+    """'<name>@llama.cpp' -> (runner, name): the folded VHA model and --ckpt in llama.cpp, where it can run."""
+    names, runners = [n for n in ("vha_folded", "ckpt") if n in models and llama_cpp], {}
+    if names and (why := llamacpp.why_not(device_type)):
+        print(f"llama.cpp: not timed: {why}")
+        return {}
+    for name in names:
+        try:
+            runners[f"{name}@llama.cpp"] = (llamacpp.LlamaCpp(models[name], meta if name == "ckpt" else None), name)
+        except ValueError as e:  # a model llama.cpp's qwen3 cannot express (e.g. qk_norm=False)
+            print(f"llama.cpp: {name} not timed: {e}")
+    if runners:
+        print(f"llama.cpp: llama-cpp-python {llamacpp.version()}, {dtype} weights and KV cache, {torch.get_num_threads()} "
+              f"threads, the context filled by a real prefill; one llama_decode per token")
+    return runners
 
 
 def copy_bandwidth():
@@ -231,9 +251,10 @@ def decode_step(model, ctx, compiled):
     return lambda: (compiled(token, pos), pos.add_(1))
 
 
-def time_decode(models, ctx, compiled):
+def time_decode(models, ctx, compiled, runners={}):
     """Median s/token at context ctx for every model; the context is random K/V written straight into
-    the cache (a real prefill of 16K tokens takes ~20 s per variant on CPU; speed ignores the values)."""
+    the cache (a real prefill of 16K tokens takes ~20 s per variant on CPU; speed ignores the values).
+    llama.cpp runners are filled by a real prefill (its time to first token kept in runner.ttft) and join the round."""
     steps, kv_alloc = {}, {}
     for name, model in models.items():
         model.setup_cache(batch_size, ctx + 1 + warmup + decode_steps)
@@ -244,7 +265,12 @@ def time_decode(models, ctx, compiled):
         steps[name] = decode_step(model, ctx, compiled.get(name))
         if compiled:
             steps[name]()  # compiles (per model and cache size: ~20 s on CPU), untimed
-    seconds = interleaved(steps, decode_steps)
+    for name, (runner, base) in runners.items():
+        runner.load(ctx + 1 + warmup + decode_steps)
+        runner.ttft[min(ctx, prefill_max)] = runner.fill(ctx, prefill_max)
+        steps[name], kv_alloc[name] = runner.step, kv_alloc[base]  # the same cache dtype and shape
+    with torch.inference_mode(grad_mode == "inference"):  # no version counters or view tracking: fewer us per op
+        seconds = interleaved(steps, decode_steps)  # (a runner's context is freed by its next load)
     for model in models.values():  # free the caches before the next context
         for block in model.blocks:
             block.attn.kv_cache = None
@@ -279,17 +305,18 @@ def compiled_steps(models):
     return {n: torch.compile(m.decode_one_token, fullgraph=True, **kw) for n, m in models.items()} if compile else {}
 
 
-def decode_table(models, ctxs, bw):
+def decode_table(models, ctxs, bw, runners):
     """Prefill (TTFT) and decode at every context -> one row per (variant, context), printed."""
     prefill = {length: time_prefill(models, length) for length in sorted({min(c, prefill_max) for c in ctxs})}
     compiled, rows = compiled_steps(models), []
     for ctx in ctxs:
-        seconds, kv_alloc = time_decode(models, ctx, compiled)
-        for name, model in models.items():
-            p_len, kv_tok, s = min(ctx, prefill_max), model.kv_bytes_per_token(ptdtype), seconds[name]
+        seconds, kv_alloc = time_decode(models, ctx, compiled, runners)
+        for name in seconds:
+            model, p_len, s = models[runners[name][1] if name in runners else name], min(ctx, prefill_max), seconds[name]
+            ttft, kv_tok = runners[name][0].ttft[p_len] if name in runners else prefill[p_len][name], model.kv_bytes_per_token(ptdtype)
             step_bytes = weight_bytes(model) + kv_tok * ctx * batch_size  # read once per decoded token
             rows.append(dict(variant=name, ctx=ctx, kv_bytes_per_token=kv_tok, kv_cache_mb=kv_alloc[name] / 1e6, prefill_len=p_len,
-                             ttft_ms=prefill[p_len][name] * 1e3, prefill_tok_s=batch_size * p_len / prefill[p_len][name],
+                             ttft_ms=ttft * 1e3, prefill_tok_s=batch_size * p_len / ttft,
                              decode_ms=s * 1e3, decode_tok_s=batch_size / s, mb_per_step=step_bytes / 1e6,
                              gb_s=step_bytes / s / 1e9, bw_frac=step_bytes / s / bw))
     print_table(rows, [("variant", "variant", "{}"), ("context", "ctx", "{}"), ("KV B/token", "kv_bytes_per_token", "{}"),
@@ -300,22 +327,26 @@ def decode_table(models, ctxs, bw):
     return rows
 
 
-def breakdown_at(models, at, top, bw):
+def breakdown_at(models, at, top, bw, runners):
     """Where a token's time goes at context `top`: the fixed part (a step at context 1, timed right after the
     sweep: weights + per-op overhead), the part that grows with the cache, and the attention alone against its
-    roof. -> ({variant: figures}, the per-op floor in ms, the matmul peak in FLOP/s), printed."""
+    roof (llama.cpp rows: the same split, no attention alone). -> ({variant: figures}, the per-op floor in ms, the
+    matmul peak in FLOP/s), printed."""
     floor_models = dict(models, op_floor=op_floor_model())  # op_floor: the same ops at head dim 2, no bandwidth
-    floor_ms = {n: s * 1e3 for n, s in time_decode(floor_models, 1, compiled_steps(floor_models))[0].items()}
+    floor_ms = {n: s * 1e3 for n, s in time_decode(floor_models, 1, compiled_steps(floor_models), runners)[0].items()}
     attn_s, flops_peak, breakdown = time_attention(models, top), matmul_peak(), {}
-    for name, model in models.items():
+    for name in [*models, *runners]:
+        model = models[runners[name][1] if name in runners else name]
         r, weights_ms, c = at[(name, top)], weight_bytes(model) / bw * 1e3, model.cfg
         kv_ms, kv_bytes = r["decode_ms"] - floor_ms[name], r["mb_per_step"] * 1e6 - weight_bytes(model)
         width = (2 * c.mla_kv_rank + c.mla_rope_dim) if c.attn == "mla" else 2 * c.head_dim  # QK^T + PV widths (absorb: latent)
         attn_flops = 2 * c.n_layer * c.n_head * width * top * batch_size  # 2 FLOPs per multiply-accumulate
         breakdown[name] = dict(variant=name, ms_ctx1=floor_ms[name], weights_ms=weights_ms, overhead_ms=floor_ms[name] - weights_ms,
                                ms_top=r["decode_ms"], kv_ms=kv_ms, kv_gb_s=kv_bytes / kv_ms / 1e6 if kv_ms > 0 else None,
-                               attn_ms=attn_s[name] * 1e3, attn_gb_s=kv_bytes / attn_s[name] / 1e9, attn_gflop_s=attn_flops / attn_s[name] / 1e9,
-                               attn_roof_ms=max(kv_bytes / bw, attn_flops / flops_peak) * 1e3, roofline_ms=r["mb_per_step"] / bw * 1e9)
+                               roofline_ms=r["mb_per_step"] / bw * 1e9)
+        if name in attn_s:
+            breakdown[name].update(attn_ms=attn_s[name] * 1e3, attn_gb_s=kv_bytes / attn_s[name] / 1e9, attn_gflop_s=attn_flops / attn_s[name] / 1e9,
+                                   attn_roof_ms=max(kv_bytes / bw, attn_flops / flops_peak) * 1e3)
     print(f"\nbreakdown at context {top}: ms/token at context 1 = weights + per-op overhead; the rest grows with the cache")
     print_table(breakdown.values(), [("variant", "variant", "{}"), ("ms @ctx 1", "ms_ctx1", "{:.2f}"),
                                      ("weights at peak BW", "weights_ms", "{:.2f}"), ("ctx 1 - weights", "overhead_ms", "{:.2f}"),
@@ -324,7 +355,7 @@ def breakdown_at(models, at, top, bw):
     print(f"pure per-op overhead (same layers and ops at head dim 2, no bandwidth to speak of): {floor_ms['op_floor']:.2f} ms/token")
     print(f"\nthe attention alone at context {top} (every layer, random K/V, no projections); matmul peak {flops_peak / 1e9:.1f} GFLOP/s "
           f"(1024^3, {dtype}); its roof = max(K/V bytes at peak bandwidth, FLOPs at the matmul peak)")
-    print_table(breakdown.values(), [("variant", "variant", "{}"), ("attention ms", "attn_ms", "{:.2f}"), ("K/V GB/s", "attn_gb_s", "{:.1f}"),
+    print_table([b for n, b in breakdown.items() if n in models], [("variant", "variant", "{}"), ("attention ms", "attn_ms", "{:.2f}"), ("K/V GB/s", "attn_gb_s", "{:.1f}"),
                                      ("GFLOP/s", "attn_gflop_s", "{:.1f}"), ("roof ms", "attn_roof_ms", "{:.2f}")])
     return breakdown, floor_ms["op_floor"], flops_peak
 
@@ -352,31 +383,45 @@ def check_targets(models, at, breakdown, top, op_floor_ms):
     return targets
 
 
+def llama_ratios(at, runners, ctxs):
+    """Our eager decode tok/s over llama.cpp's, same model, per context -> {runner: {ctx: ratio}}, printed."""
+    ratios = {name: {ctx: at[(base, ctx)]["decode_tok_s"] / at[(name, ctx)]["decode_tok_s"] for ctx in ctxs}
+              for name, (_, base) in runners.items()}
+    for name, by_ctx in ratios.items():
+        print(f"\nours / llama.cpp decode tok/s, {runners[name][1]}: " + ", ".join(f"{x:.2f}x at {c}" for c, x in by_ctx.items()))
+    return ratios
+
+
 def run_decode():
     parts = contexts.split(",")
     need(contexts == "auto" or all(p.isdigit() and int(p) >= 1 for p in parts),
          f"--contexts wants comma-separated positive integers (e.g. 1024,4096) or auto, got {contexts!r}")
     ctxs = [2**i for i in range(10, 18 if device_type == "cuda" else 15)] if contexts == "auto" else [int(p) for p in parts]
-    models, fold_diffs = decode_models()
+    models, fold_diffs, meta = decode_models()
+    runners = llama_runners(models, meta)
     bw = copy_bandwidth()
     c = next(iter(models.values())).cfg
     print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, batch {batch_size}, decode attention {decode_impl}, "
-          f"compile {compile}, weights {weight_layout}; {c.n_layer} layers, width {c.n_embd}, {c.n_head} query heads of dim {c.head_dim}, vocab {c.vocab_size}")
+          f"compile {compile}, weights {weight_layout}, grad mode {grad_mode}; {c.n_layer} layers, width {c.n_embd}, {c.n_head} query heads of dim {c.head_dim}, vocab {c.vocab_size}")
     print(f"peak bandwidth (copy of {copy_mib} MiB, read + write): {bw / 1e9:.1f} GB/s")
     print(f"decode: the context is random K/V written into the cache (no prefill), then {decode_steps} timed steps "
           f"(+{warmup} warm-up) per variant, interleaved; prefill (TTFT) timed separately at min(context, {prefill_max})")
-    rows = decode_table(models, ctxs, bw)
+    rows = decode_table(models, ctxs, bw, runners)
     top = 16384 if 16384 in ctxs else max(ctxs)
     at = {(r["variant"], r["ctx"]): r for r in rows}
-    breakdown, op_floor_ms, flops_peak = breakdown_at(models, at, top, bw)
+    breakdown, op_floor_ms, flops_peak = breakdown_at(models, at, top, bw, runners)
     targets = check_targets(models, at, breakdown, top, op_floor_ms)
+    ratios = llama_ratios(at, runners, ctxs)
+    for runner, _ in runners.values():
+        runner.close()
     if plot:
         plot_decode(rows, ctxs, plot)
     return dict(mode="decode", device=device, dtype=dtype, threads=torch.get_num_threads(), batch_size=batch_size,
-                decode_impl=decode_impl, compile=compile, weight_layout=weight_layout, kv_fill="random K/V written into the cache", copy_gb_s=bw / 1e9,
+                decode_impl=decode_impl, compile=compile, weight_layout=weight_layout, grad_mode=grad_mode, kv_fill="random K/V written into the cache", copy_gb_s=bw / 1e9,
                 model={k: getattr(c, k) for k in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size")},
                 fold_max_logit_diff=fold_diffs, op_floor_ms=op_floor_ms, matmul_gflop_s=flops_peak / 1e9, results=rows,
-                breakdown=list(breakdown.values()), targets=targets)
+                breakdown=list(breakdown.values()), targets=targets,
+                llama_cpp=dict(version=llamacpp.version(), ours_over_llama_cpp=ratios) if runners else None)
 
 
 def plot_decode(rows, ctxs, path):

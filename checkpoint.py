@@ -210,13 +210,24 @@ def model_from_state(cfg, state, device="cpu"):
     return model.to(device)
 
 
-# ---- Hugging Face Qwen3 import: fold.py's export names (HF_TOP, HF_LAYER, hf_name) inverted; copied here
-# because scripts never import each other ----
-HF_TOP = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight", "lm_head.weight": "lm_head.weight"}
-HF_LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm", "self_attn.q_proj": "attn.q_proj",
-            "self_attn.k_proj": "attn.k_proj", "self_attn.v_proj": "attn.v_proj", "self_attn.o_proj": "attn.o_proj",
-            "self_attn.q_norm": "attn.q_norm", "self_attn.k_norm": "attn.k_norm",
+# ---- Hugging Face Qwen3: our parameter names <-> Qwen3ForCausalLM's (export.py writes them, model_from_hf reads) ----
+HF_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
+HF_LAYER = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
+            "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj", "attn.v_proj": "self_attn.v_proj",
+            "attn.o_proj": "self_attn.o_proj", "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
             "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj", "mlp.down_proj": "mlp.down_proj"}
+OUR_TOP, OUR_LAYER = ({v: k for k, v in names.items()} for names in (HF_TOP, HF_LAYER))
+
+
+def hf_name(name):
+    """'blocks.3.attn.q_proj.weight' -> 'model.layers.3.self_attn.q_proj.weight'."""
+    if not name.startswith("blocks."):
+        return HF_TOP[name]
+    _, layer, rest = name.split(".", 2)
+    module, param = rest.rsplit(".", 1)
+    return f"model.layers.{layer}.{HF_LAYER[module]}.{param}"
+
+
 # Qwen3Config's defaults (transformers 5.x), for fields a config.json leaves out
 QWEN3_DEFAULTS = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
                       num_attention_heads=32, head_dim=128, hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6,
@@ -228,10 +239,10 @@ TOKENIZER_FILES = HF_TOKENIZER_FILES  # the files data/*/prepare.py --tokenizer=
 def our_name(hf_name):
     """'model.layers.3.self_attn.q_proj.weight' -> 'blocks.3.attn.q_proj.weight' (None: not a Qwen3 weight)."""
     if not hf_name.startswith("model.layers."):
-        return HF_TOP.get(hf_name)
+        return OUR_TOP.get(hf_name)
     layer, rest = hf_name[len("model.layers."):].split(".", 1)
     module, param = rest.rsplit(".", 1)
-    return f"blocks.{layer}.{HF_LAYER[module]}.{param}" if module in HF_LAYER and param == "weight" else None
+    return f"blocks.{layer}.{OUR_LAYER[module]}.{param}" if module in OUR_LAYER and param == "weight" else None
 
 
 def qwen3_model_args(hf):

@@ -4,6 +4,7 @@ Folds a trained VHA checkpoint into the plain GQA model it already is, then prov
     python fold.py --out_dir=out-vha-small                          # writes out-vha-small/ckpt_folded.pt
     python fold.py --out_dir=out-vha-small --plot=True              # + fold_analysis.png and a per-layer table
     python fold.py --out_dir=out-vha-small --export_hf=hf-vha-small # + a Hugging Face Qwen3ForCausalLM folder
+    python fold.py --out_dir=out-vha-small --export_gguf=vha-small.gguf  # + one GGUF file for llama.cpp
 
 The fold (GPT.fold_to_gqa in model.py, computed in float64), for virtual head j = g*H_p + h:
     premix   q_j = q_h P[g] = x W_q[h]^T P[g] = x (P[g]^T W_q[h])^T  =>  W_q'[j]    = P[g]^T W_q[h]
@@ -12,7 +13,6 @@ QK-norm and RoPE act on each head after premix, and K/V are untouched, so the re
 n_head = H_v heads that attend (H_p for postmix only) and the same n_kv_head: the same KV cache.
 """
 import copy
-import json
 import os
 import sys
 import time
@@ -22,16 +22,20 @@ import numpy as np
 import torch
 
 from configurator import ConfigError, configure
-from data.common import gpt2_encoding, read_bin
-from checkpoint import VOCAB_ROWS, load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
+from data.common import read_bin
+from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from export import gguf_export_problem, hf_export_problem, write_gguf, write_hf
 from health import layer_health
+import llamacpp
 from model import GPT
 
 # -----------------------------------------------------------------------------
 out_dir = "out"
-ckpt_name = "ckpt.pt"  # the VHA checkpoint to fold (a GQA/MHA one is accepted only with --export_hf)
+ckpt_name = "ckpt.pt"  # the VHA checkpoint to fold (a GQA/MHA one is accepted only with an export)
 out_name = "ckpt_folded.pt"
 export_hf = ""  # folder: also write the (folded) model as a Hugging Face Qwen3ForCausalLM checkpoint
+export_gguf = ""  # file: also write the (folded) model as GGUF (architecture qwen3) for llama.cpp
+gguf_dtype = "float32"  # the GGUF's matrices: float32, float16 or bfloat16 (norm weights stay float32)
 plot = False  # save out_dir/fold_analysis.png and print what premix/postmix learned, layer by layer
 eval_batches = 4  # validation batches for the logit comparison
 batch_size = 4
@@ -174,137 +178,114 @@ def save_plot(model, rows, path):
     plt.close(fig)
 
 
-# ---- Hugging Face export: our names -> Qwen3ForCausalLM's ----
-HF_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
-HF_LAYER = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
-            "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj", "attn.v_proj": "self_attn.v_proj",
-            "attn.o_proj": "self_attn.o_proj", "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
-            "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj", "mlp.down_proj": "mlp.down_proj"}
-
-
-def hf_name(name):
-    """'blocks.3.attn.q_proj.weight' -> 'model.layers.3.self_attn.q_proj.weight'."""
-    if not name.startswith("blocks."):
-        return HF_TOP[name]
-    _, layer, rest = name.split(".", 2)
-    module, param = rest.rsplit(".", 1)
-    return f"model.layers.{layer}.{HF_LAYER[module]}.{param}"
-
-
-def hf_export_problem(cfg):
-    """Why cfg (a plain GQA config) cannot be written as an exact Qwen3 model, or None."""
-    if cfg.attn in ("mla", "mfa"):
-        return f"attn={cfg.attn!r} is not a Qwen3 attention: only plain GQA/MHA and VHA (folded first) export as Qwen3ForCausalLM"
-    if not cfg.qk_norm:
-        return ("Qwen3 always applies QK-norm (q_norm/k_norm), but this model was trained with qk_norm=False: "
-                "its Qwen3 export would compute something else; export only works for qk_norm=True models")
-    try:
-        import safetensors.torch  # noqa: F401  (optional: training never needs them)
-        import tokenizers  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError:
-        return "--export_hf needs safetensors, tokenizers and transformers: pip install transformers safetensors"
+def check_args(src, dst):
+    """One-line refusals of the arguments themselves, before anything is read."""
+    if os.path.realpath(src) == os.path.realpath(dst):
+        return f"--out_name={out_name} would overwrite the input {src}; choose another name"
+    if export_hf and os.path.exists(export_hf) and not os.path.isdir(export_hf):
+        return f"--export_hf={export_hf} is a file, not a folder"
+    if export_gguf and os.path.isdir(export_gguf):
+        return f"--export_gguf={export_gguf} is a folder; give a file name (e.g. model.gguf)"
+    if min(eval_batches, batch_size, gen_tokens) < 1:
+        return "eval_batches, batch_size and gen_tokens must be >= 1"
     return None
 
 
-def hf_tokenizer(meta):
-    """The dataset's tokenizer as a Hugging Face fast tokenizer, built offline from what meta.pkl pins, or
-    (None, why not). Char-level: one WordLevel token per character (a split on every character, decoded by
-    joining). GPT-2 BPE: the tiktoken ranks this repo tokenized with, converted to byte-level BPE merges."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    kind = (meta or {}).get("tokenizer", "char" if "stoi" in (meta or {}) else None)
-    if kind == "char":
-        tok = Tokenizer(models.WordLevel(vocab=dict(meta["stoi"]), unk_token=None))
-        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character alone
-        tok.decoder = decoders.Fuse()  # ids -> characters, joined with nothing between them
-        return PreTrainedTokenizerFast(tokenizer_object=tok), None
-    if kind == "gpt2":
-        import base64
-        import tempfile
-        from transformers.convert_slow_tokenizer import TikTokenConverter
-        enc = gpt2_encoding()
-        with tempfile.TemporaryDirectory() as tmp:  # the ranks in tiktoken's file format, read back by the converter
-            path = os.path.join(tmp, "gpt2.tiktoken")
-            with open(path, "w") as f:
-                f.writelines(f"{base64.b64encode(b).decode()} {r}\n" for b, r in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]))
-            tok = TikTokenConverter(vocab_file=path, pattern=enc._pat_str, extra_special_tokens=enc._special_tokens).converted()
-        eot = "<|endoftext|>"
-        return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=eot, eos_token=eot), None
-    if kind == "rows":
-        return None, "its dataset is synthetic recall rows (data/recall), not text: there is no text tokenizer to write"
-    return None, "the checkpoint carries no dataset meta (tokenizer), so no tokenizer files were written"
+def check_model(src, c, meta):
+    """Why this checkpoint cannot be folded (or exported as asked), in one line, or None."""
+    if c.attn in ("mla", "mfa"):
+        return (f"nothing to fold: {src} is {c.attn.upper()} (attn={c.attn!r}), which has no premix or postmix; only VHA "
+                f"checkpoints fold, and the exports write Qwen3, which has no {c.attn.upper()} attention")
+    if c.attn == "gqa" and not (export_hf or export_gguf):
+        return (f"nothing to fold: {src} is already a plain {'MHA' if c.n_head == c.n_kv_head else 'GQA'} model "
+                f"(attn='gqa'); only VHA checkpoints fold (it can still be exported with --export_hf=DIR or --export_gguf=FILE)")
+    if c.attn == "gqa" and plot:
+        return f"--plot shows premix/postmix, and {src} is plain GQA (attn='gqa'): there is nothing to plot"
+    if c.has_postmix and c.vha_postmix_act != "linear":
+        return (f"{src} has a SiLU postmix: a' = a + V silu(U^T a) is not linear in the head outputs a, so no matrix M "
+                f"can be absorbed into W_o and the model is not a GQA model; only vha_postmix_act='linear' folds")
+    plain = copy.copy(c)
+    plain.attn = "gqa"  # the exports see the folded model: the same checks, on the GQA it becomes
+    return ((export_hf and hf_export_problem(plain)) or (export_gguf and gguf_export_problem(plain, meta, gguf_dtype))
+            or None)
 
 
-def write_hf(model, folder, meta, source):
-    """A folder that loads wherever a Qwen3 checkpoint does: config.json, model.safetensors (float32),
-    generation_config.json, the tokenizer files and a model card. Each file goes to a temp file, then is renamed.
-    Returns the names written and a note (why no tokenizer), or None."""
-    from safetensors.torch import save_file
-    c = model.cfg
-    state = split_projections(model.state_dict(), c)  # Qwen3 names q/k/v and gate/up separately
-    for name in VOCAB_ROWS:  # our padded rows stay behind: the export has the tokenizer's vocab_size rows
-        state[name] = state[name][:c.vocab_size]
-    tensors = {hf_name(n): p.detach().float().cpu().contiguous() for n, p in state.items()
-               if not (c.tie_embeddings and n == "lm_head.weight")}  # tied: HF re-ties lm_head to embed_tokens
-    config = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-        "vocab_size": c.vocab_size, "hidden_size": c.n_embd, "intermediate_size": c.mlp_hidden,
-        "num_hidden_layers": c.n_layer, "num_attention_heads": c.n_head, "num_key_value_heads": c.n_kv_head,
-        "head_dim": c.head_dim, "hidden_act": "silu", "max_position_embeddings": c.block_size,
-        "rms_norm_eps": c.norm_eps, "tie_word_embeddings": c.tie_embeddings, "attention_bias": False,
-        "attention_dropout": 0.0, "use_sliding_window": False, "use_cache": True,
-        "rope_theta": c.rope_theta,  # transformers 4.x reads this; 5.x reads rope_parameters
-        "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
-        "torch_dtype": "float32", "dtype": "float32",
-    }
-    tokenizer, note = hf_tokenizer(meta)
-    eot = (meta or {}).get("eot_token")
-    generation = {"max_length": c.block_size, **({"bos_token_id": eot, "eos_token_id": eot} if eot is not None else {})}
-    kv = model.kv_bytes_per_token(torch.bfloat16)
-    card = (f"# {os.path.basename(os.path.abspath(folder))}\n\nA {c.n_layer}-layer Qwen3-style model "
-            f"({sum(t.numel() for t in tensors.values()):,} parameters) written by nanoVHA's fold.py from `{source['ckpt']}`"
-            f"{' (dataset: ' + meta['source'] + ')' if meta and meta.get('source') else ''}.\n\n"
-            + (f"It was trained as **Virtual Head Attention**: {source['n_q_proj']} physical query projections, a Q premix "
-               f"into {c.n_head} virtual heads and a linear postmix `I + V U^T` over heads. Both maps are linear and were "
-               f"folded exactly into `q_proj` and `o_proj` (in float64), so this is a plain GQA model.\n\n"
-               if source["vha"] else "It was trained as a plain GQA model (nothing to fold).\n\n")
-            + f"- attention: {c.n_head} query heads of dim {c.head_dim}, {c.n_kv_head} KV heads (GQA), QK-norm, RoPE theta {c.rope_theta:g}\n"
-            f"- KV cache: {kv:,} bytes per token in bf16 ({kv // c.n_layer:,} per layer)\n"
-            f"- context: trained at {c.block_size} tokens; vocab {c.vocab_size}"
-            f"{'; tokenizer: ' + meta['tokenizer'] if tokenizer is not None else '; no tokenizer (' + note + ')'}\n\n"
-            "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
-            f"model = AutoModelForCausalLM.from_pretrained({folder!r})\n"
-            + (f"tok = AutoTokenizer.from_pretrained({folder!r})\n"
-               "ids = tok(\"ROMEO:\", return_tensors=\"pt\").input_ids\n"
-               "print(tok.decode(model.generate(ids, max_new_tokens=100, do_sample=False)[0]))\n" if tokenizer is not None else "")
-            + "```\n")
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".tmp{os.getpid()}")
+def fold_and_prove(model, ckpt, src, dst):
+    """Folds, proves the fold on held-out text (float32 and float64), writes dst and reports.
+    -> (the folded model, the held-out tokens (N, T))."""
+    c, t0 = model.cfg, time.time()
+    # 1. Fold: W_q'[g*H_p + h] = P[g]^T W_q[h] and W_o'[:, h] = sum_j M[j, h] W_o[:, j], in float64,
+    #    cast to the checkpoint's dtype. Loaded back through model_from_checkpoint, the one loading path.
+    gqa_cfg, state = model.fold_to_gqa()
+    keep = {k: v for k, v in ckpt.items() if k not in ("model", "model_args", "optimizer", "scaler")}
+    folded_ckpt = dict(keep, model=state, model_args=asdict(gqa_cfg), folded_from=ckpt_name)
+    deployed = model_from_checkpoint(folded_ckpt, device).eval()
+    t_fold = time.time() - t0
 
-    def put(name, write):
-        write(tmp)
-        os.replace(tmp, os.path.join(folder, name))
+    # 2. Proof: the same logits on held-out text and the same greedy text, in float64 (the fold's
+    #    algebra, folded without any cast) and float32 (the weights actually written).
+    tokens, source = proof_tokens(ckpt, c.vocab_size, c.block_size, eval_batches * batch_size)
+    tokens = tokens.to(device)
+    prompt = tokens[:1, :min(16, tokens.size(1))]  # (1, <=16)
+    results = {}
+    for dtype in (torch.float32, torch.float64):
+        vha = copy.deepcopy(model).to(dtype)
+        gqa = deployed if dtype == torch.float32 else fold(vha)
+        results[dtype] = (*logit_diff(vha, gqa, tokens), first_difference(vha, gqa, prompt))
+    worst64 = results[torch.float64][0]
+    with torch.no_grad():
+        scale = max(1.0, model(tokens[:1])[0].abs().max().item())
+    if not worst64 <= 1e-9 * scale:  # float64 exact fold: ~1e-14 * scale; any wrong index: >> 1e-3
+        sys.exit(f"error: the fold is not exact (max |logit diff| {worst64:.2e} in float64); {dst} was not written")
+    t_proof = time.time() - t0 - t_fold
 
-    def text(obj):
-        def write(path):
-            with open(path, "w") as f:
-                f.write(obj if isinstance(obj, str) else json.dumps(obj, indent=2))
-        return write
+    # 3. Write (atomically), then report.
+    try:
+        save_checkpoint(folded_ckpt, dst)
+    except OSError as e:
+        sys.exit(f"error: cannot write {dst} ({e.strerror or e}); nothing was written")
+    pieces = [f"premix ({c.n_kv_head} groups of {c.head_dim}x{c.head_dim})" if c.has_premix else "",
+              f"linear postmix (rank {c.vha_postmix_rank})" if c.has_postmix else ""]
+    print(f"folded {src}: vha, {c.n_layer} layers, {c.n_q_proj} physical q heads, "
+          f"{' + '.join(filter(None, pieces))}, {c.n_attn_head} heads attend {c.n_kv_head} KV heads")
+    print(f"    -> {dst}: gqa, n_head={gqa_cfg.n_head}, n_kv_head={gqa_cfg.n_kv_head}, head_dim={gqa_cfg.head_dim}")
+    print(f"proof on {source}:")
+    for dtype, (worst, mean, diverged) in results.items():
+        name = str(dtype).replace("torch.", "")
+        same = "identical" if diverged is None else f"DIFFERENT from token {diverged} ({name} rounding at a near-tie)"
+        print(f"  {name:<8} |logit diff| max {worst:.2e}, mean {mean:.2e}; greedy {gen_tokens} tokens: {same}")
+    print(f"params: {model.num_params():,} -> {deployed.num_params():,}   KV cache: "
+          f"{model.kv_bytes_per_token(torch.bfloat16):,} -> {deployed.kv_bytes_per_token(torch.bfloat16):,} "
+          f"bytes/token (bf16)")
+    print(f"time: fold {t_fold:.2f} s, proof {t_proof:.2f} s")
+    return deployed, tokens
 
-    put("model.safetensors", lambda path: save_file(tensors, path, metadata={"format": "pt"}))
-    put("config.json", text(config))
-    put("generation_config.json", text(generation))
-    put("README.md", text(card))
-    names = ["config.json", "model.safetensors", "generation_config.json", "README.md"]
-    if tokenizer is not None:
-        staging = tmp + "_tok"
-        tokenizer.save_pretrained(staging)
-        for name in sorted(os.listdir(staging)):
-            os.replace(os.path.join(staging, name), os.path.join(folder, name))
-            names.append(name)
-        os.rmdir(staging)
-    return names, note
+
+def export(model, deployed, ckpt, src, tokens):
+    """The exports asked for, each written atomically after the fold is proved; the GGUF is then run in llama.cpp
+    against model (the checkpoint as trained) where llama-cpp-python is installed."""
+    meta, vha, n_q_proj = ckpt.get("meta"), model.cfg.attn == "vha", model.cfg.n_q_proj
+    if export_hf:
+        try:
+            names, note = write_hf(deployed, export_hf, meta, dict(ckpt=src, vha=vha, n_q_proj=n_q_proj))
+        except OSError as e:
+            sys.exit(f"error: cannot write the Hugging Face export to {export_hf} ({e.strerror or e})")
+        print(f"exported Qwen3ForCausalLM to {export_hf}/ ({', '.join(names)}): "
+              f"transformers.AutoModelForCausalLM.from_pretrained({export_hf!r})" + (f"\nnote: {note}" if note else ""))
+    if export_gguf:
+        try:
+            note = write_gguf(deployed, export_gguf, meta, gguf_dtype)
+        except OSError as e:
+            sys.exit(f"error: cannot write the GGUF export to {export_gguf} ({e.strerror or e})")
+        print(f"exported GGUF (qwen3, {gguf_dtype}) to {export_gguf} ({os.path.getsize(export_gguf) / 1e6:.1f} MB): "
+              f"llama_cpp.Llama(model_path={export_gguf!r})" + (f"\nnote: {note}" if note else ""))
+        if llamacpp.version() is None:
+            print("llama.cpp check: skipped (pip install -r requirements-llamacpp.txt to run the file in llama.cpp here)")
+            return
+        worst, scale, diverged = llamacpp.compare(export_gguf, model, tokens[0].tolist(), gen_tokens)
+        same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
+        print(f"llama.cpp check (llama-cpp-python {llamacpp.version()}): |logit diff| max {worst:.2e} at logit scale "
+              f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; greedy {gen_tokens} tokens: {same}")
 
 
 def main(argv):
@@ -313,13 +294,8 @@ def main(argv):
     except ConfigError as e:
         sys.exit(f"error: {e}")
     src, dst = os.path.join(out_dir, ckpt_name), os.path.join(out_dir, out_name)
-    if os.path.realpath(src) == os.path.realpath(dst):
-        sys.exit(f"error: --out_name={out_name} would overwrite the input {src}; choose another name")
-    if export_hf and os.path.exists(export_hf) and not os.path.isdir(export_hf):
-        sys.exit(f"error: --export_hf={export_hf} is a file, not a folder")
-    if min(eval_batches, batch_size, gen_tokens) < 1:
-        sys.exit("error: eval_batches, batch_size and gen_tokens must be >= 1")
-
+    if problem := check_args(src, dst):
+        sys.exit(f"error: {problem}")
     # Every check comes before the first write: a refused input leaves nothing behind.
     try:
         ckpt = load_checkpoint(src)
@@ -330,85 +306,20 @@ def main(argv):
     except ValueError as e:
         sys.exit(f"error: {src}: {e}")
     c = model.cfg
-    if c.attn in ("mla", "mfa"):
-        sys.exit(f"error: nothing to fold: {src} is {c.attn.upper()} (attn={c.attn!r}), which has no premix or postmix; "
-                 f"only VHA checkpoints fold, and the Hugging Face export writes Qwen3, which has no {c.attn.upper()} attention")
-    if c.attn == "gqa":
-        if not export_hf:
-            sys.exit(f"error: nothing to fold: {src} is already a plain {'MHA' if c.n_head == c.n_kv_head else 'GQA'} "
-                     f"model (attn='gqa'); only VHA checkpoints fold (it can still be exported with --export_hf=DIR)")
-        if plot:
-            sys.exit(f"error: --plot shows premix/postmix, and {src} is plain GQA (attn='gqa'): there is nothing to plot")
-    if c.has_postmix and c.vha_postmix_act != "linear":
-        sys.exit(f"error: {src} has a SiLU postmix: a' = a + V silu(U^T a) is not linear in the head outputs a, "
-                 f"so no matrix M can be absorbed into W_o and the model is not a GQA model; only "
-                 f"vha_postmix_act='linear' folds")
-    if export_hf and (problem := hf_export_problem(c)):
+    if problem := check_model(src, c, ckpt.get("meta")):
         sys.exit(f"error: {problem}")
-
     if c.attn == "gqa":
         print(f"{src} is already plain GQA (n_head={c.n_head}, n_kv_head={c.n_kv_head}): nothing to fold, exporting it as is")
-        deployed = model
+        deployed, tokens = model, proof_tokens(ckpt, c.vocab_size, c.block_size, 1)[0]
     else:
-        t0 = time.time()
-        # 1. Fold: W_q'[g*H_p + h] = P[g]^T W_q[h] and W_o'[:, h] = sum_j M[j, h] W_o[:, j], in float64,
-        #    cast to the checkpoint's dtype. Loaded back through model_from_checkpoint, the one loading path.
-        gqa_cfg, state = model.fold_to_gqa()
-        keep = {k: v for k, v in ckpt.items() if k not in ("model", "model_args", "optimizer", "scaler")}
-        folded_ckpt = dict(keep, model=state, model_args=asdict(gqa_cfg), folded_from=ckpt_name)
-        deployed = model_from_checkpoint(folded_ckpt, device).eval()
-        t_fold = time.time() - t0
-
-        # 2. Proof: the same logits on held-out text and the same greedy text, in float64 (the fold's
-        #    algebra, folded without any cast) and float32 (the weights actually written).
-        tokens, source = proof_tokens(ckpt, c.vocab_size, c.block_size, eval_batches * batch_size)
-        tokens = tokens.to(device)
-        prompt = tokens[:1, :min(16, tokens.size(1))]  # (1, <=16)
-        results = {}
-        for dtype in (torch.float32, torch.float64):
-            vha = copy.deepcopy(model).to(dtype)
-            gqa = deployed if dtype == torch.float32 else fold(vha)
-            results[dtype] = (*logit_diff(vha, gqa, tokens), first_difference(vha, gqa, prompt))
-        worst64 = results[torch.float64][0]
-        with torch.no_grad():
-            scale = max(1.0, model(tokens[:1])[0].abs().max().item())
-        if not worst64 <= 1e-9 * scale:  # float64 exact fold: ~1e-14 * scale; any wrong index: >> 1e-3
-            sys.exit(f"error: the fold is not exact (max |logit diff| {worst64:.2e} in float64); {dst} was not written")
-        t_proof = time.time() - t0 - t_fold
-
-        # 3. Write (atomically), then report.
-        try:
-            save_checkpoint(folded_ckpt, dst)
-        except OSError as e:
-            sys.exit(f"error: cannot write {dst} ({e.strerror or e}); nothing was written")
-        pieces = [f"premix ({c.n_kv_head} groups of {c.head_dim}x{c.head_dim})" if c.has_premix else "",
-                  f"linear postmix (rank {c.vha_postmix_rank})" if c.has_postmix else ""]
-        print(f"folded {src}: vha, {c.n_layer} layers, {c.n_q_proj} physical q heads, "
-              f"{' + '.join(filter(None, pieces))}, {c.n_attn_head} heads attend {c.n_kv_head} KV heads")
-        print(f"    -> {dst}: gqa, n_head={gqa_cfg.n_head}, n_kv_head={gqa_cfg.n_kv_head}, head_dim={gqa_cfg.head_dim}")
-        print(f"proof on {source}:")
-        for dtype, (worst, mean, diverged) in results.items():
-            name = str(dtype).replace("torch.", "")
-            same = "identical" if diverged is None else f"DIFFERENT from token {diverged} ({name} rounding at a near-tie)"
-            print(f"  {name:<8} |logit diff| max {worst:.2e}, mean {mean:.2e}; greedy {gen_tokens} tokens: {same}")
-        print(f"params: {model.num_params():,} -> {deployed.num_params():,}   KV cache: "
-              f"{model.kv_bytes_per_token(torch.bfloat16):,} -> {deployed.kv_bytes_per_token(torch.bfloat16):,} "
-              f"bytes/token (bf16)")
-        print(f"time: fold {t_fold:.2f} s, proof {t_proof:.2f} s")
-
+        deployed, tokens = fold_and_prove(model, ckpt, src, dst)
     if plot:
         rows = analysis(model)
         print_analysis(model, rows)
         path = os.path.join(out_dir, "fold_analysis.png")
         save_plot(model, rows, path)
         print(f"saved {path}")
-    if export_hf:
-        try:
-            names, note = write_hf(deployed, export_hf, ckpt.get("meta"), dict(ckpt=src, vha=c.attn == "vha", n_q_proj=c.n_q_proj))
-        except OSError as e:
-            sys.exit(f"error: cannot write the Hugging Face export to {export_hf} ({e.strerror or e})")
-        print(f"exported Qwen3ForCausalLM to {export_hf}/ ({', '.join(names)}): "
-              f"transformers.AutoModelForCausalLM.from_pretrained({export_hf!r})" + (f"\nnote: {note}" if note else ""))
+    export(model, deployed, ckpt, src, tokens)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from test_model import VARIANTS, make
 
 TINY = ["--n_layer=2", "--n_embd=32", "--n_head=4", "--head_dim=8", "--vha_kv_head=2", "--threads=1", "--warmup=1",
         "--device=cpu", "--seed=0"]
-TINY_DECODE = TINY + ["--contexts=48,96", "--decode_steps=3", "--prefill_max=16", "--prefill_repeats=1", "--copy_mib=8"]
+TINY_DECODE = TINY + ["--contexts=48,96", "--decode_steps=3", "--prefill_max=16", "--prefill_repeats=1", "--copy_mib=8",
+                      "--llama_cpp=False"]  # llama.cpp rows: tests/test_gguf.py
 PAPER = ["config/paper_1p7b_gqa8.py", "config/paper_1p7b_gqa2.py", "config/paper_1p7b_gqa_8q2kv.py", "config/paper_1p7b_vha.py"]
 
 

@@ -8,10 +8,11 @@ from dataclasses import asdict
 import pytest
 import torch
 
+import export
 import fold
 from conftest import TINY_MODEL, run
 from data.common import gpt2_encoding, gpt2_meta, load_tokenizer
-from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
 from health import vha_health
 from model import GPT, GPTConfig
 from test_model import make
@@ -275,7 +276,7 @@ def test_hf_export_gives_the_same_logits(name, tmp_path, monkeypatch, capsys):
 
 def test_hf_names_cover_every_weight():
     model = make(attn="gqa", n_head=4, n_kv_head=2, tie_embeddings=False)
-    names = [fold.hf_name(n) for n in fold.split_projections(model.state_dict(), model.cfg)]
+    names = [export.hf_name(n) for n in split_projections(model.state_dict(), model.cfg)]
     assert len(set(names)) == len(names) and "model.layers.1.self_attn.k_norm.weight" in names
     assert {"model.layers.1.self_attn.v_proj.weight", "model.layers.0.mlp.up_proj.weight"} <= set(names)
     assert all(n.startswith(("model.layers.", "model.embed_tokens", "model.norm", "lm_head")) for n in names)
