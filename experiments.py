@@ -1,6 +1,7 @@
 """
-What ablate.py (the LM grid) and sweep.py (the recall sweep) share: resumable train.py runs in results folders,
-run many of them a few at a time, and the paired statistics their reports are judged by.
+What ablate.py (the LM grid), sweep.py (the recall sweep) and uptrain.py (the conversion comparison) share:
+resumable train.py runs in results folders (another script's run: run_script), run many of them a few at a time,
+and the paired statistics their reports are judged by.
 
 A run lives in its own folder (args.json, ckpt.pt, log.jsonl, train.out, and result.json once scored). A
 result is reused only when its argv is the same run (same_run), so a report never mixes settings.

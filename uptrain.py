@@ -58,9 +58,10 @@ SIZES = {
 }
 WARM = {  # variant: (converted model, distill)
     "vha_warm": ("vha", False), "vha_warm_kd": ("vha", True), "gqa_uptrain": ("gqa", False), "gqa_uptrain_kd": ("gqa", True)}
-SCRATCH = {  # variant: (config files, full budget?)
-    "vha_scratch_full": (["config/vha_small.py"], True), "gqa_scratch_full": (["config/vha_small.py", "config/ablations/gqa_same_deploy.py"], True),
-    "vha_scratch_short": (["config/vha_small.py"], False), "gqa_scratch_short": (["config/vha_small.py", "config/ablations/gqa_same_deploy.py"], False)}
+VHA_FILES, GQA_FILES = ["config/vha_small.py"], ["config/vha_small.py", "config/ablations/gqa_same_deploy.py"]  # 8Q/2KV both
+SCRATCH = {  # variant: (config files, full budget? else the warm-up's)
+    "vha_scratch_full": (VHA_FILES, True), "gqa_scratch_full": (GQA_FILES, True),
+    "vha_scratch_short": (VHA_FILES, False), "gqa_scratch_short": (GQA_FILES, False)}
 VARIANTS = ("teacher_eval", *WARM, *SCRATCH)
 TEACHER_FILES = ["config/vha_small.py", "config/ablations/gqa_4x_cache.py"]
 # (first, second, what is compared, metric): Δ = first - second, per seed
