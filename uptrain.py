@@ -20,7 +20,11 @@ The pipeline (every run resumes and is skipped once done, experiments.py):
   4. from scratch, the same seeds: VHA (the demo) and same-deploy GQA (config/ablations/gqa_same_deploy.py), at the
      teacher's budget and at the warm-up budget, the demo's schedule scaled to the budget.
 
-The full comparison has not been run yet (no figures); its time on a 2-core CPU is not measured.
+The full comparison has not been run yet (no figures). Its time is an ESTIMATE, extrapolated from one reduced run
+(teacher 200 iters, 20-iter warm-ups, 1 seed: 15.5 min) on a 2-core AMD EPYC (Zen 3, fp32) with --threads=1 while
+another job held the other core: about 0.65 s per iteration (0.9 with distillation), about 45 s of start-up and
+5 evals per run, so about 3.7 h at --jobs=1 (the 10 full-budget scratch runs are 60% of it); --jobs=2 --threads=1 on
+an idle 2-core machine should roughly halve it (not measured).
 Any knob below can be overridden with --key=value after the size preset.
 """
 import os
