@@ -1,6 +1,7 @@
 """
-What ablate.py (the LM grid) and sweep.py (the recall sweep) share: resumable train.py runs in results folders,
-run many of them a few at a time, and the paired statistics their reports are judged by.
+What ablate.py (the LM grid), sweep.py (the recall sweep) and uptrain.py (the conversion comparison) share:
+resumable train.py runs in results folders (another script's run: run_script), run many of them a few at a time,
+and the paired statistics their reports are judged by.
 
 A run lives in its own folder (args.json, ckpt.pt, log.jsonl, train.out, and result.json once scored). A
 result is reused only when its argv is the same run (same_run), so a report never mixes settings.
@@ -101,15 +102,22 @@ def train(cfg, run_dir, args, iters):
         except ValueError:  # a corrupt checkpoint: start this run again from scratch
             os.remove(ckpt_path)
     if not trained:
-        with open(os.path.join(run_dir, "train.out"), "a") as f:
-            env = dict(os.environ, **({"OMP_NUM_THREADS": str(cfg["threads"])} if cfg["threads"] else {}))
-            rc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args, *resume], cwd=ROOT, env=env,
-                                stdout=f, stderr=subprocess.STDOUT).returncode
-        if rc != 0:
-            with open(os.path.join(run_dir, "train.out")) as f:
-                tail = f.read().strip().splitlines()[-1:] or [""]
-            sys.exit(f"error: the run in {run_dir} failed (exit {rc}): {tail[0]} (full output: {run_dir}/train.out)")
+        run_script(cfg, run_dir, "train.py", [*args, *resume])
     return read_log(run_dir), note
+
+
+def run_script(cfg, run_dir, script, args):
+    """python SCRIPT ARGS from the repo root, its output appended to run_dir/<script>.out (train.py: train.out);
+    a failure exits in one line with the output's last line."""
+    out = os.path.join(run_dir, os.path.splitext(script)[0] + ".out")
+    with open(out, "a") as f:
+        env = dict(os.environ, **({"OMP_NUM_THREADS": str(cfg["threads"])} if cfg["threads"] else {}))
+        rc = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, env=env,
+                            stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        with open(out) as f:
+            tail = f.read().strip().splitlines()[-1:] or [""]
+        sys.exit(f"error: {script} in {run_dir} failed (exit {rc}): {tail[0]} (full output: {out})")
 
 
 def run_all(cfg, jobs, one, label):

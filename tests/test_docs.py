@@ -58,7 +58,7 @@ def test_readme_is_a_guide():
 
 
 SCRIPTS = ["train.py", "sample.py", "fold.py", "convert.py", "bench_decode.py", "bench.py", "ablate.py", "sweep.py",
-           "scripts/gpu_check.py", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "data", "*", "prepare.py")))]
+           "uptrain.py", "scripts/gpu_check.py", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "data", "*", "prepare.py")))]
 
 
 def python_files():

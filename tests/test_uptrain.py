@@ -1,0 +1,79 @@
+"""uptrain.py (the conversion comparison): the smoke pipeline runs end to end (teacher, both conversions, warm-ups
+with and without distillation, scratch baselines), the report has every row, a second invocation skips every
+finished run, and the paired differences in results.json are the hand-computed ones."""
+import math
+import os
+
+import numpy as np
+import pytest
+
+import uptrain
+from conftest import run
+from experiments import read_json
+
+
+@pytest.fixture(scope="module")
+def smoke(char_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("uptrain")
+    args = ["--smoke", f"--out_root={root}", f"--data_dir={char_data}"]
+    return root, run("uptrain.py", *args, timeout=600).stdout, args
+
+
+@pytest.mark.slow  # 18 runs + a teacher and two conversions: about a minute on 2 cores
+def test_smoke_pipeline_reports_every_row(smoke):
+    root, out, _ = smoke
+    assert "reduced comparison" in out
+    assert os.path.exists(root / "converted" / "vha" / "ckpt.pt") and os.path.exists(root / "converted" / "gqa" / "ckpt.pt")
+    report = (root / "report.md").read_text()
+    for v in uptrain.WARM | uptrain.SCRATCH:
+        assert f"| {v} |" in report
+    for _, _, what, _ in uptrain.COMPARISONS:
+        assert f"| {what} |" in report
+    assert "| teacher (GQA 8Q/8KV)" in report
+    res = read_json(root / "results.json")
+    assert len(res["runs"]) == len(uptrain.VARIANTS) * 2 and len(res["comparisons"]) == len(uptrain.COMPARISONS)
+    R = {(r["variant"], r["seed"]): r for r in res["runs"]}
+    for seed in (0, 1):  # before warm-up: the iteration-0 eval, before any update, so distillation cannot change it
+        assert R[("vha_warm", seed)]["val_before"] == R[("vha_warm_kd", seed)]["val_before"]
+        assert R[("gqa_uptrain", seed)]["val_before"] == R[("gqa_uptrain_kd", seed)]["val_before"]
+        assert R[("vha_warm", seed)]["iters"] == 3 and R[("vha_scratch_full", seed)]["iters"] == 30
+    assert R[("vha_warm", 0)]["val_before"] != R[("vha_warm", 1)]["val_before"]  # the seed changes the eval batches
+
+
+@pytest.mark.slow
+def test_paired_difference_is_the_hand_computation(smoke):
+    root, _, _ = smoke
+    res = read_json(root / "results.json")
+    val = {(r["variant"], r["seed"]): r for r in res["runs"]}
+    for c in res["comparisons"]:
+        d = np.array([val[(c["first"], s)][c["metric"]] - val[(c["second"], s)][c["metric"]] for s in (0, 1)])
+        assert c["n"] == 2 and math.isclose(c["mean"], d.mean(), rel_tol=1e-12, abs_tol=1e-15)
+        assert math.isclose(c["se"], abs(d[0] - d[1]) / 2, rel_tol=1e-9, abs_tol=1e-15)  # SD/sqrt(2) of two values
+        assert c["resolved"] == (c["se"] > 0 and abs(c["mean"]) / c["se"] > 12.706)  # t(1 df), two-sided 5%
+
+
+@pytest.mark.slow
+def test_second_invocation_skips_every_finished_run(smoke):
+    root, _, args = smoke
+    results = sorted(root.glob("runs/*/seed*/result.json")) + sorted(root.glob("converted/*/ckpt.pt")) + [root / "teacher" / "ckpt.pt"]
+    before = {p: os.path.getmtime(p) for p in results}
+    out = run("uptrain.py", *args).stdout
+    assert out.count("done before, skipped") == len(uptrain.VARIANTS) * 2 + 2  # every run and both conversions
+    assert "teacher (GQA 8Q/8KV, 30 iters): trained before" in out
+    assert {p: os.path.getmtime(p) for p in results} == before
+
+
+def test_budgets_and_warm_up_argv():
+    _, cfg = uptrain.parse_args([])
+    assert (cfg["teacher_iters"], cfg["warm_iters"], cfg["freeze_iters"], cfg["n_seeds"]) == (1200, 120, 30, 5)
+    warm = uptrain.run_args(cfg, "vha_warm_kd", 3, "/tmp/x")
+    assert warm[0].endswith(os.path.join("converted", "vha", "ckpt.pt")) and "--seed=3" in warm and "--freeze_iters=30" in warm
+    assert "--distill_alpha=0.7" in warm and any(a.startswith("--teacher=") for a in warm)
+    plain = uptrain.run_args(cfg, "gqa_uptrain", 3, "/tmp/x")
+    assert plain[0].endswith(os.path.join("converted", "gqa", "ckpt.pt")) and not any("distill" in a for a in plain)
+    schedule = lambda a: [x for x in a if x.startswith(("--learning_rate", "--min_lr", "--warmup_iters", "--max_iters", "--freeze"))]
+    assert schedule(warm) == schedule(plain)  # one schedule for every warm-up variant
+    scratch = uptrain.run_args(cfg, "gqa_scratch_short", 3, "/tmp/x")
+    assert scratch[:2] == ["config/vha_small.py", "config/ablations/gqa_same_deploy.py"] and "--max_iters=120" in scratch
+    with pytest.raises(SystemExit, match="uptrain_warmup_iters"):
+        uptrain.parse_args(["--teacher_iters=50"])
