@@ -269,7 +269,8 @@ def check_decode():
     ctxs = contexts.split(",") if not dry_run else ["256", "512"]
     for compiled, use, variants in ((False, ctxs, decode_variants), (True, ctxs[-1:], "vha_folded")):
         args = [f"--contexts={','.join(use)}", f"--variants={variants}", f"--compile={compiled}", f"--device={device}",
-                f"--dtype={bench_dtype}", f"--decode_impl={decode_impl}", f"--batch_size={decode_batch}"]
+                f"--dtype={bench_dtype}", f"--decode_impl={decode_impl}", f"--batch_size={decode_batch}",
+                "--llama_cpp=False"]  # llama.cpp rows are a CPU comparison, not part of the GPU check
         if dry_run:
             args += ["--n_layer=1", "--n_embd=64", "--head_dim=16", "--decode_steps=3", "--warmup=1", "--copy_mib=16", "--compile=False"]
         t0 = time.time()

@@ -24,6 +24,7 @@ def smoke(char_data, tmp_path_factory):
     return root, proc.stdout, [f"--out_root={root}", f"--lm_data_dir={char_data}"]
 
 
+@pytest.mark.slow  # the smoke LM grid
 def test_smoke_grid_writes_parseable_results(smoke):
     root, out, _ = smoke
     assert "reduced grid" in out
@@ -45,6 +46,7 @@ def run_grid(args, capsys):
     return capsys.readouterr().out
 
 
+@pytest.mark.slow  # the smoke LM grid
 def test_rerun_skips_finished_runs(smoke, capsys):
     root, _, args = smoke
     path = root / "runs" / "vha" / "seed1337" / "result.json"
@@ -53,6 +55,7 @@ def test_rerun_skips_finished_runs(smoke, capsys):
     assert os.path.getmtime(path) == before
 
 
+@pytest.mark.slow  # the smoke LM grid
 def test_half_finished_run_resumes_to_the_same_result(smoke, tmp_path, capsys):
     root, _, args = smoke
     done = read_json(root / "runs" / "vha" / "seed1337" / "result.json")

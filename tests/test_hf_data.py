@@ -89,6 +89,7 @@ def test_old_uint16_folders_still_read(tmp_path):
     assert common.read_bin(os.path.join(out, "train.bin")).tolist() == (np.arange(100) % 50).tolist()
 
 
+@pytest.mark.slow  # import, convert, then train.py with a teacher
 def test_warmup_of_a_converted_qwen3_on_its_tokenizers_data(qwen, tmp_path):
     folder, (data_dir, _), _ = qwen
     conv = tmp_path / "conv"

@@ -53,6 +53,7 @@ def weights(path):
     return load_checkpoint(path)["model"]
 
 
+@pytest.mark.slow  # the warm_runs fixture: teacher, conversion, two warm-ups and a resume
 def test_warmup_freezes_then_trains_everything(start, warm_runs):
     conv, (full, part, at4) = weights(start[1]), warm_runs
     rows = read_log(full)
@@ -67,6 +68,7 @@ def test_warmup_freezes_then_trains_everything(start, warm_runs):
     assert all(not torch.equal(end[n], conv[n]) for n in frozen if "embed" in n or "mlp" in n)  # then they train
 
 
+@pytest.mark.slow  # the warm_runs fixture: teacher, conversion, two warm-ups and a resume
 def test_resumed_warmup_reproduces_the_uninterrupted_run(warm_runs):
     full, part, _ = warm_runs
     assert losses(read_log(part)) == losses(read_log(full))
@@ -76,6 +78,7 @@ def test_resumed_warmup_reproduces_the_uninterrupted_run(warm_runs):
     assert (config["freeze_iters"], config["distill_alpha"], config["teacher"]) == (4, 0.7, config["teacher"]) and config["teacher"]
 
 
+@pytest.mark.slow  # the warm_runs fixture: teacher, conversion, two warm-ups and a resume
 def test_resume_refuses_other_warmup_settings(char_data, warm_runs):
     part = warm_runs[1]
     before = snapshot(part)
