@@ -219,13 +219,19 @@ HF_LAYER = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernor
 OUR_TOP, OUR_LAYER = ({v: k for k, v in names.items()} for names in (HF_TOP, HF_LAYER))
 
 
-def hf_name(name):
-    """'blocks.3.attn.q_proj.weight' -> 'model.layers.3.self_attn.q_proj.weight'."""
+def renamed(name, top, layer_modules, layer_prefix):
+    """One of our parameter names in another format's scheme: 'blocks.3.attn.q_proj.weight' ->
+    f'{layer_prefix}.3.{layer_modules["attn.q_proj"]}.weight'; names outside the blocks through `top`."""
     if not name.startswith("blocks."):
-        return HF_TOP[name]
+        return top[name]
     _, layer, rest = name.split(".", 2)
     module, param = rest.rsplit(".", 1)
-    return f"model.layers.{layer}.{HF_LAYER[module]}.{param}"
+    return f"{layer_prefix}.{layer}.{layer_modules[module]}.{param}"
+
+
+def hf_name(name):
+    """'blocks.3.attn.q_proj.weight' -> 'model.layers.3.self_attn.q_proj.weight'."""
+    return renamed(name, HF_TOP, HF_LAYER, "model.layers")
 
 
 # Qwen3Config's defaults (transformers 5.x), for fields a config.json leaves out

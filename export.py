@@ -13,7 +13,7 @@ import os
 import numpy as np
 import torch
 
-from checkpoint import VOCAB_ROWS, hf_name, split_projections
+from checkpoint import VOCAB_ROWS, hf_name, renamed, split_projections
 from data.common import gpt2_encoding
 
 
@@ -176,11 +176,7 @@ GGUF_DTYPES = ("float32", "float16", "bfloat16")
 
 def gguf_name(name):
     """'blocks.3.attn.q_proj.weight' -> 'blk.3.attn_q.weight'."""
-    if not name.startswith("blocks."):
-        return GGUF_TOP[name]
-    _, layer, rest = name.split(".", 2)
-    module, param = rest.rsplit(".", 1)
-    return f"blk.{layer}.{GGUF_LAYER[module]}.{param}"
+    return renamed(name, GGUF_TOP, GGUF_LAYER, "blk")
 
 
 def bytes_to_unicode():
