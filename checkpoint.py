@@ -13,7 +13,7 @@ from dataclasses import asdict, fields
 
 import torch
 
-from data.common import HF_TOKENIZER_FILES, hf_tokenizer_sha256
+from data.common import hf_tokenizer_files, hf_tokenizer_sha256
 from model import GPT, GPTConfig
 
 
@@ -239,7 +239,6 @@ QWEN3_DEFAULTS = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, i
                       num_attention_heads=32, head_dim=128, hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6,
                       tie_word_embeddings=False, attention_bias=False, use_sliding_window=False, sliding_window=4096,
                       max_window_layers=28, attention_dropout=0.0)
-TOKENIZER_FILES = HF_TOKENIZER_FILES  # the files data/*/prepare.py --tokenizer=hf reads too: the same fingerprint
 
 
 def our_name(hf_name):
@@ -324,11 +323,7 @@ def model_from_hf(folder, device="cpu"):
         model = model_from_state(cfg, state, device)
     except RuntimeError as e:
         raise ValueError(f"{folder}: the weights do not fit config.json ({str(e).strip().splitlines()[0][:200]})") from None
-    files = {}
-    for name in TOKENIZER_FILES:
-        if os.path.isfile(os.path.join(folder, name)):
-            with open(os.path.join(folder, name), "rb") as f:
-                files[name] = f.read()
+    files = hf_tokenizer_files(folder)  # the same files data/*/prepare.py --tokenizer=hf reads: the same fingerprint
     # vocab_size: the model's rows (config.json; Qwen3: 151,936), which may exceed the tokenizer's ids (~151,669): data
     # prepared with this tokenizer has the smaller vocab_size, and vocab_problem takes it as long as the files match
     meta = {"tokenizer": "hf", "vocab_size": cfg.vocab_size, "hf_tokenizer_files": files or None,

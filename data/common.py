@@ -193,7 +193,7 @@ def encode_gpt2(text):
 
 # ---- a Hugging Face tokenizer folder (e.g. Qwen3's), offline ----
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                      "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")  # = checkpoint.TOKENIZER_FILES
+                      "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
 HF_ID_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")  # what fixes the ids
 
 
@@ -213,13 +213,20 @@ def hf_tokenizer_sha256(files):
     return h.hexdigest()
 
 
-def read_hf_tokenizer_files(folder):
-    """The tokenizer files of a Hugging Face folder, name -> bytes (the same files checkpoint.model_from_hf keeps)."""
+def hf_tokenizer_files(folder):
+    """The tokenizer files a Hugging Face folder has, name -> bytes ({} when it has none)."""
     files = {}
     for name in HF_TOKENIZER_FILES:
         if os.path.isfile(os.path.join(folder, name)):
             with open(os.path.join(folder, name), "rb") as f:
                 files[name] = f.read()
+    return files
+
+
+def read_hf_tokenizer_files(folder):
+    """For data/*/prepare.py --hf_tokenizer: the folder's tokenizer files (hf_tokenizer_files, the same files
+    checkpoint.model_from_hf keeps), refused in one line when they hold no tokenizer."""
+    files = hf_tokenizer_files(folder)
     if not os.path.isdir(folder) or "tokenizer.json" not in files and not {"vocab.json", "tokenizer.model"} & files.keys():
         raise SystemExit(f"error: --hf_tokenizer={folder} holds no Hugging Face tokenizer (tokenizer.json, or vocab.json + "
                          f"merges.txt); give the model's folder, e.g. --hf_tokenizer=Qwen3-0.6B")
