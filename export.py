@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from checkpoint import VOCAB_ROWS, hf_name, renamed, split_projections
-from data.common import gpt2_encoding
+from data.common import gpt2_encoding, load_tokenizer
 
 
 def qwen3_problem(cfg, flag):
@@ -164,6 +164,29 @@ def write_hf(model, folder, meta, source):
             names.append(name)
         os.rmdir(staging)
     return names, note
+
+
+@torch.no_grad()
+def hf_compare(folder, model, meta, tokens, gen_tokens):
+    """transformers running the exported folder against model (ours: the checkpoint as trained, float32 or float64) on
+    tokens (a list, from position 0) and greedy decoding from their first 16, both with the KV cache.
+    -> (max |logit difference|, largest |logit|, None if the gen_tokens greedy tokens are identical else the index of the
+    first that differs, whether the two greedy texts are equal: transformers' tokenizer decoding its ids vs ours
+    decoding ours, as sample.py does; None where the folder has no tokenizer)."""
+    import transformers
+    transformers.logging.set_verbosity_error()  # no progress bar, no note that max_new_tokens overrides max_length
+    transformers.logging.disable_progress_bar()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    prompt, v = tokens[:16], model.cfg.vocab_size
+    theirs = hf(torch.tensor([tokens])).logits[0].double()  # (T, vocab): the export has no padded rows
+    ours = model(torch.tensor([tokens]))[0][0, :, :v].double()  # (T, vocab)
+    hf_ids = hf.generate(torch.tensor([prompt]), max_new_tokens=gen_tokens, min_new_tokens=gen_tokens, do_sample=False)[0].tolist()
+    our_ids = model.generate(torch.tensor([prompt]), gen_tokens, temperature=0)[0].tolist()
+    differ = [i for i, (a, b) in enumerate(zip(our_ids[len(prompt):], hf_ids[len(prompt):])) if a != b]
+    same_text = None
+    if os.path.exists(os.path.join(folder, "tokenizer.json")):
+        same_text = transformers.AutoTokenizer.from_pretrained(folder).decode(hf_ids) == load_tokenizer(meta)[1](our_ids)
+    return (ours - theirs).abs().max().item(), ours.abs().max().item(), differ[0] if differ else None, same_text
 
 
 # ---- GGUF (llama.cpp): our names -> llama.cpp's qwen3 tensors ----

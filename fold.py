@@ -24,7 +24,7 @@ import torch
 from configurator import ConfigError, configure
 from data.common import read_bin
 from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from export import gguf_export_problem, hf_export_problem, write_gguf, write_hf
+from export import gguf_export_problem, hf_compare, hf_export_problem, write_gguf, write_hf
 from health import layer_health
 import llamacpp
 from model import GPT
@@ -261,6 +261,20 @@ def fold_and_prove(model, ckpt, src, dst):
     return deployed, tokens
 
 
+def hf_check(model, folder, meta, tokens):
+    """Runs the exported folder in transformers against the checkpoint as trained: logits and greedy text."""
+    try:
+        import transformers
+    except ImportError:
+        print("transformers check: skipped (pip install -r requirements-dev.txt to run the export in transformers here)")
+        return
+    worst, scale, diverged, same_text = hf_compare(folder, model, meta, tokens[0].tolist(), gen_tokens)
+    same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
+    text = "" if same_text is None else f"; greedy text {'equal to' if same_text else 'DIFFERENT from'} sample.py's"
+    print(f"transformers check (transformers {transformers.__version__}): |logit diff| max {worst:.2e} at logit scale "
+          f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; greedy {gen_tokens} tokens: {same}{text}")
+
+
 def export(model, deployed, ckpt, src, tokens):
     """The exports asked for, each written atomically after the fold is proved; the GGUF is then run in llama.cpp
     against model (the checkpoint as trained) where llama-cpp-python is installed."""
@@ -272,6 +286,7 @@ def export(model, deployed, ckpt, src, tokens):
             sys.exit(f"error: cannot write the Hugging Face export to {export_hf} ({e.strerror or e})")
         print(f"exported Qwen3ForCausalLM to {export_hf}/ ({', '.join(names)}): "
               f"transformers.AutoModelForCausalLM.from_pretrained({export_hf!r})" + (f"\nnote: {note}" if note else ""))
+        hf_check(model, export_hf, meta, tokens)
     if export_gguf:
         try:
             note = write_gguf(deployed, export_gguf, meta, gguf_dtype)

@@ -3,6 +3,7 @@ the folded (or plain GQA) model exports to Hugging Face Qwen3 with the same logi
 import copy
 import json
 import os
+import re
 from dataclasses import asdict
 
 import pytest
@@ -271,7 +272,30 @@ def test_hf_export_gives_the_same_logits(name, tmp_path, monkeypatch, capsys):
         want, got = ours(x)[0], hf(x).logits  # ours: the unfolded model, when it is VHA
     assert want.shape == got.shape == (2, 40, 37) and want.abs().max() > 0.5  # big enough for a wrong layer to show
     assert (want - got).abs().max() <= 1e-4
-    assert ("nothing to fold" in capsys.readouterr().out) == (ours.cfg.attn == "gqa")
+    out = capsys.readouterr().out
+    assert ("nothing to fold" in out) == (ours.cfg.attn == "gqa")
+    check = out.split("transformers check (transformers ")[1]  # fold.py ran the folder in transformers itself
+    assert float(re.search(r"\|logit diff\| max (\S+) at", check).group(1)) <= 1e-4 and "greedy 10 tokens: identical" in check
+    assert "greedy text" not in check  # no tokenizer files in this folder: ids are compared, not text
+
+
+def test_the_transformers_check_sees_a_wrong_export(tmp_path, monkeypatch):
+    """hf_compare against a model that is not the exported one: a large logit difference and a different greedy text."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    pytest.importorskip("transformers")
+    chars = sorted(set(TEXT))
+    meta = {"tokenizer": "char", "vocab_size": len(chars), "stoi": {c: i for i, c in enumerate(chars)},
+            "itos": {i: c for i, c in enumerate(chars)}, "source": "test text"}
+    torch.manual_seed(0)
+    hf_dir = export_with_meta(str(tmp_path), meta, meta["vocab_size"])
+    ours = model_from_checkpoint(load_checkpoint(os.path.join(str(tmp_path), "ckpt.pt"))).eval()
+    tokens = load_tokenizer(meta)[0](TEXT)[:40]
+    worst, scale, diverged, same_text = export.hf_compare(hf_dir, ours, meta, tokens, 20)
+    assert worst <= 1e-4 * scale and diverged is None and same_text is True
+    with torch.no_grad():
+        ours.norm.weight.mul_(torch.randn(ours.norm.weight.shape, generator=torch.Generator().manual_seed(0)))  # no longer the export
+    worst, scale, diverged, same_text = export.hf_compare(hf_dir, ours, meta, tokens, 20)
+    assert worst > 1e-2 * scale and diverged is not None and same_text is False
 
 
 def test_hf_names_cover_every_weight():
