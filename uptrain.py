@@ -3,7 +3,8 @@ The conversion comparison (issue 19, item 4) at demo scale: from a trained GQA m
 smaller-cache model is better after a short warm-up, VHA (convert.py's premix fit) or GQA uptraining (mean-pooled
 KV heads), and does the warmed VHA reach a VHA trained from scratch on the full budget?
 
-    python uptrain.py                 # teacher 1200 iters, 4 warm-ups x 5 seeds (120 iters each), 4 scratch baselines x 5 seeds
+    python uptrain.py --jobs=2 --threads=1   # the comparison: teacher 1200 iters, 6 warm-ups x 5 seeds (120 iters; the
+                                             # two *_long 600), 4 scratch baselines x 5 seeds: about 95 min (below)
     python uptrain.py --quick         # teacher 300 iters, 2 seeds, context 128: a pipeline check
     python uptrain.py --smoke         # a tiny model, 30 teacher iters, 2 seeds: the test's pipeline
     python uptrain.py report          # rebuild report.md and results.json from the finished runs
@@ -16,15 +17,15 @@ The pipeline (every run resumes and is skipped once done, experiments.py):
      seed+n_seeds-1. From a checkpoint the seed changes only the batches (train.py's rng) and the eval batches, so
      each seed's variants are compared on the same batches (paired). Val loss before warm-up is the iteration-0
      eval of each warm-up run (before any update: what train.py --eval_only=True would print), and the teacher is
-     evaluated on each seed's eval batches by an eval-only run (the gap to the teacher is per seed).
+     evaluated on each seed's eval batches by an eval-only run (the gap to the teacher is per seed). The distilled
+     warm-ups also run for long_warmup_frac (the *_long variants): how much of the gap a longer warm-up closes.
   4. from scratch, the same seeds: VHA (the demo) and same-deploy GQA (config/ablations/gqa_same_deploy.py), at the
      teacher's budget and at the warm-up budget, the demo's schedule scaled to the budget.
 
-The full comparison has not been run yet (no figures). Its time is an ESTIMATE, extrapolated from one reduced run
-(teacher 200 iters, 20-iter warm-ups, 1 seed: 15.5 min) on a 2-core AMD EPYC (Zen 3, fp32) with --threads=1 while
-another job held the other core: about 0.65 s per iteration (0.9 with distillation), about 45 s of start-up and
-5 evals per run, so about 3.7 h at --jobs=1 (the 10 full-budget scratch runs are 60% of it); --jobs=2 --threads=1 on
-an idle 2-core machine should roughly halve it (not measured).
+Measured on a 2-core AMD EPYC (Zen 5, native bf16: dtype auto ran bf16 autocast), torch 2.13.0: the teacher 345 s
+(run alone with --threads=2; under --threads=1 it gets one core), then --jobs=2 --threads=1: 88 min for the 55 runs
+(a 1200-iteration scratch run about 455 s, a 120-iteration warm-up 70 s, 80 s distilled, a 600-iteration distilled
+one 290 s), about 95 min in all. The results and what they say: docs/convert.md, "The comparison".
 Any knob below can be overridden with --key=value after the size preset.
 """
 import os
@@ -44,6 +45,7 @@ DEFAULTS = dict(
     teacher_iters=1200, teacher_seed=1337,  # the demo's budget; the teacher's seed is not one of the warm-up seeds
     seed=0, n_seeds=5,  # warm-up and scratch seeds seed .. seed+n_seeds-1
     warmup_frac=0.1, freeze_frac=0.25,  # warm-up iters = warmup_frac * teacher_iters; the first freeze_frac of them frozen
+    long_warmup_frac=0.5,  # the *_long warm-ups (distilled): how far a longer warm-up closes the gap to the scratch VHA
     distill_alpha=0.7, distill_temperature=1.0,
     # the warm-up schedule, the same for every variant: chosen for the GQA baseline's uptraining (the demo's lr / 3,
     # a short linear warmup, cosine to lr / 10) and NOT tuned on VHA (nor on GQA: it is a guess, not a sweep)
@@ -60,8 +62,9 @@ SIZES = {
                   uptrain_warmup_iters=3, jobs=2, threads=1),
     "full": {},
 }
-WARM = {  # variant: (converted model, distill)
-    "vha_warm": ("vha", False), "vha_warm_kd": ("vha", True), "gqa_uptrain": ("gqa", False), "gqa_uptrain_kd": ("gqa", True)}
+WARM = {  # variant: (converted model, distill, long warm-up?)
+    "vha_warm": ("vha", False, False), "vha_warm_kd": ("vha", True, False), "gqa_uptrain": ("gqa", False, False),
+    "gqa_uptrain_kd": ("gqa", True, False), "vha_warm_kd_long": ("vha", True, True), "gqa_uptrain_kd_long": ("gqa", True, True)}
 VHA_FILES, GQA_FILES = ["config/vha_small.py"], ["config/vha_small.py", "config/ablations/gqa_same_deploy.py"]  # 8Q/2KV both
 SCRATCH = {  # variant: (config files, full budget? else the warm-up's)
     "vha_scratch_full": (VHA_FILES, True), "gqa_scratch_full": (GQA_FILES, True),
@@ -70,6 +73,7 @@ VARIANTS = ("teacher_eval", *WARM, *SCRATCH)
 TEACHER_FILES = ["config/vha_small.py", "config/ablations/gqa_4x_cache.py"]
 # (first, second, what is compared, metric): Δ = first - second, per seed
 COMPARISONS = [
+    ("vha_scratch_full", "gqa_scratch_full", "from scratch, full budget: VHA vs same-deploy GQA (the paper's claim)", "val_loss"),
     ("vha_warm", "gqa_uptrain", "before warm-up: VHA converted vs GQA mean-pooled", "val_before"),
     ("vha_warm", "gqa_uptrain", "after warm-up, no distillation: VHA vs GQA uptraining", "val_loss"),
     ("vha_warm_kd", "gqa_uptrain_kd", "after warm-up, distillation: VHA vs GQA uptraining", "val_loss"),
@@ -80,6 +84,8 @@ COMPARISONS = [
     ("vha_warm", "vha_scratch_short", "same budget: VHA warm vs VHA scratch, no distillation", "val_loss"),
     ("vha_warm_kd", "vha_scratch_short", "same budget: VHA warm vs VHA scratch, distillation", "val_loss"),
     ("gqa_uptrain", "gqa_scratch_short", "same budget: GQA uptraining vs GQA scratch", "val_loss"),
+    ("vha_warm_kd_long", "gqa_uptrain_kd_long", "long warm-up, distillation: VHA vs GQA uptraining", "val_loss"),
+    ("vha_warm_kd_long", "vha_scratch_full", "TARGET, long warm-up: VHA warm vs VHA scratch (full budget), distillation", "val_loss"),
 ]
 # -----------------------------------------------------------------------------
 
@@ -91,10 +97,14 @@ def parse_args(argv):
         sys.exit("error: n_seeds, jobs, teacher_iters and evals must be >= 1")
     if not (0 < cfg["warmup_frac"] <= 1 and 0 <= cfg["freeze_frac"] <= 1):
         sys.exit(f"error: warmup_frac={cfg['warmup_frac']} must be in (0, 1] and freeze_frac={cfg['freeze_frac']} in [0, 1]")
+    if not 0 < cfg["long_warmup_frac"] <= 1:
+        sys.exit(f"error: long_warmup_frac={cfg['long_warmup_frac']} must be in (0, 1]")
     cfg["warm_iters"] = max(1, round(cfg["warmup_frac"] * cfg["teacher_iters"]))
-    cfg["freeze_iters"] = round(cfg["freeze_frac"] * cfg["warm_iters"])  # the same share for every variant
-    if cfg["uptrain_warmup_iters"] > cfg["warm_iters"]:
-        sys.exit(f"error: uptrain_warmup_iters={cfg['uptrain_warmup_iters']} is past the warm-up's {cfg['warm_iters']} iterations; lower it")
+    cfg["long_warm_iters"] = max(1, round(cfg["long_warmup_frac"] * cfg["teacher_iters"]))
+    cfg["freeze_iters"] = round(cfg["freeze_frac"] * cfg["warm_iters"])  # the same share of every warm-up frozen
+    cfg["long_freeze_iters"] = round(cfg["freeze_frac"] * cfg["long_warm_iters"])
+    if cfg["uptrain_warmup_iters"] > (shortest := min(cfg["warm_iters"], cfg["long_warm_iters"])):
+        sys.exit(f"error: uptrain_warmup_iters={cfg['uptrain_warmup_iters']} is past a warm-up's {shortest} iterations; lower it")
     cfg["root"] = os.path.abspath(cfg["out_root"])
     cfg["teacher_ckpt"] = os.path.join(cfg["root"], "teacher", "ckpt.pt")
     return command, cfg
@@ -123,19 +133,22 @@ def run_args(cfg, variant, seed, run_dir):
     if variant in SCRATCH:
         files, full = SCRATCH[variant]
         return scratch_args(cfg, files, cfg["teacher_iters"] if full else cfg["warm_iters"], seed, run_dir)
-    start, distill = WARM[variant]
-    W, lr = cfg["warm_iters"], cfg["uptrain_lr"]
+    start, distill, long = WARM[variant]
+    W, lr = run_iters(cfg, variant), cfg["uptrain_lr"]
+    frozen = cfg["long_freeze_iters"] if long else cfg["freeze_iters"]
     kd = [f"--teacher={cfg['teacher_ckpt']}", f"--distill_alpha={cfg['distill_alpha']}",
           f"--distill_temperature={cfg['distill_temperature']}"] if distill else []
     return [f"--init_from={os.path.join(cfg['root'], 'converted', start, 'ckpt.pt')}", f"--out_dir={run_dir}", f"--seed={seed}",
             f"--max_iters={W}", f"--lr_decay_iters={W}", f"--warmup_iters={cfg['uptrain_warmup_iters']}",
-            f"--learning_rate={lr}", f"--min_lr={lr / 10}", f"--freeze_iters={cfg['freeze_iters']}", *kd, *common_args(cfg, W)]
+            f"--learning_rate={lr}", f"--min_lr={lr / 10}", f"--freeze_iters={frozen}", *kd, *common_args(cfg, W)]
 
 
 def run_iters(cfg, variant):
     if variant == "teacher_eval":
         return 0
-    return cfg["teacher_iters"] if SCRATCH.get(variant, (None, False))[1] else cfg["warm_iters"]
+    if variant in WARM:
+        return cfg["long_warm_iters"] if WARM[variant][2] else cfg["warm_iters"]
+    return cfg["teacher_iters"] if SCRATCH[variant][1] else cfg["warm_iters"]
 
 
 # ---- the pipeline ----
@@ -163,6 +176,19 @@ def convert_teacher(cfg, to):
     print(f"convert to {to}: done (per-layer errors in {out}/convert.out)", flush=True)
 
 
+def fold_and_export(cfg):
+    """fold.py on the first seed's distilled VHA warm-up: the GQA 8Q/2KV it deploys as, exported as a Hugging Face
+    folder that fold.py then runs in transformers (logits, greedy text). Seconds, so redone every time."""
+    out = os.path.join(cfg["root"], "deployed")
+    os.makedirs(out, exist_ok=True)
+    log = os.path.join(out, "fold.out")
+    if os.path.exists(log):
+        os.remove(log)
+    run_script(cfg, out, "fold.py", [f"--out_dir={os.path.join(cfg['root'], 'runs', 'vha_warm_kd', 'seed' + str(cfg['seed']))}",
+                                     f"--export_hf={os.path.join(out, 'hf')}", f"--gen_tokens={min(200, cfg['block_size'] - 16)}"])
+    print(f"fold and export of vha_warm_kd seed {cfg['seed']}: {out}/hf (fold.py's report: {log})", flush=True)
+
+
 def run_one(cfg, job):
     """Trains (or resumes, or skips) one run and writes its result.json; returns a status word."""
     variant, seed = job
@@ -186,13 +212,15 @@ def cmd_run(cfg):
     seeds = [cfg["seed"] + i for i in range(cfg["n_seeds"])]
     jobs = [(v, s) for s in seeds for v in VARIANTS]
     print(f"conversion comparison ({cfg['size']}): teacher {cfg['teacher_iters']} iters, warm-ups {cfg['warm_iters']} iters "
-          f"({cfg['freeze_iters']} frozen), {len(VARIANTS)} run kinds x {len(seeds)} seeds; results in {cfg['root']}", flush=True)
+          f"({cfg['freeze_iters']} frozen; *_long: {cfg['long_warm_iters']}, {cfg['long_freeze_iters']} frozen), "
+          f"{len(VARIANTS)} run kinds x {len(seeds)} seeds; results in {cfg['root']}", flush=True)
     if cfg["size"] != "full":
         print(f"note: --{cfg['size']} is a reduced comparison, a check of the pipeline, not the result")
     train_teacher(cfg)
     for to in ("vha", "gqa"):
         convert_teacher(cfg, to)
     run_all(cfg, jobs, lambda job: run_one(cfg, job), lambda job: f"{job[0]} seed {job[1]}")
+    fold_and_export(cfg)
     cmd_report(cfg)
 
 
@@ -246,7 +274,8 @@ def cmd_report(cfg):
              f"Teacher: config/vha_small.py + config/ablations/gqa_4x_cache.py, {cfg['teacher_iters']} iterations, seed "
              f"{cfg['teacher_seed']}" + (f", val loss {teacher['val_loss']:.4f}" if teacher else "") + ". "
              f"Converted to VHA 4 physical -> 8 virtual / 2 KV heads and to GQA 8Q/2KV (mean-pooled), then warmed up for "
-             f"{cfg['warm_iters']} iterations ({cfg['freeze_iters']} frozen: attention only), lr {cfg['uptrain_lr']:.3g} "
+             f"{cfg['warm_iters']} iterations ({cfg['freeze_iters']} frozen: attention only; the `_long` ones {cfg['long_warm_iters']}, "
+             f"{cfg['long_freeze_iters']} frozen), lr {cfg['uptrain_lr']:.3g} "
              f"(chosen for GQA uptraining, not tuned on VHA), with (`_kd`: alpha {cfg['distill_alpha']}, T "
              f"{cfg['distill_temperature']}) and without distillation. Scratch baselines: the demo's schedule scaled to "
              f"the budget. A seed fixes the batches and the eval batches, so every variant of a seed saw the same ones."]
@@ -261,6 +290,12 @@ def cmd_report(cfg):
     lines += ["", "Resolved: the paired t-test over the shared seeds rejects 'no difference' at 5% (two-sided"
               + (f"; with {n} seeds that needs |Δ| > {T_CRIT[min(n - 1, len(T_CRIT)) - 1]} SE" if n > 1 else "")
               + "). Lower loss is better: a negative Δ means the first is better."]
+    fold_log = os.path.join(cfg["root"], "deployed", "fold.out")
+    if os.path.exists(fold_log):
+        with open(fold_log) as f:
+            proof = [line.rstrip() for line in f if line.startswith(("folded", "    ->", "proof on", "  float", "exported", "transformers check"))]
+        lines += ["", f"## The deployed model: vha_warm_kd seed {cfg['seed']}, folded and exported (deployed/fold.out)", "",
+                  "```", *proof, "```"]
     path = os.path.join(cfg["root"], "report.md")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -1,6 +1,6 @@
 """uptrain.py (the conversion comparison): the smoke pipeline runs end to end (teacher, both conversions, warm-ups
-with and without distillation, scratch baselines), the report has every row, a second invocation skips every
-finished run, and the paired differences in results.json are the hand-computed ones."""
+with and without distillation, scratch baselines, the fold and export of the warmed VHA), the report has every row,
+a second invocation skips every finished run, and the paired differences in results.json are the hand-computed ones."""
 import math
 import os
 
@@ -19,7 +19,7 @@ def smoke(char_data, tmp_path_factory):
     return root, run("uptrain.py", *args, timeout=600).stdout, args
 
 
-@pytest.mark.slow  # 18 runs + a teacher and two conversions: about a minute on 2 cores
+@pytest.mark.slow  # 22 runs, a teacher, two conversions and a fold: about a minute on 2 cores
 def test_smoke_pipeline_reports_every_row(smoke):
     root, out, _ = smoke
     assert "reduced comparison" in out
@@ -30,6 +30,9 @@ def test_smoke_pipeline_reports_every_row(smoke):
     for _, _, what, _ in uptrain.COMPARISONS:
         assert f"| {what} |" in report
     assert "| teacher (GQA 8Q/8KV)" in report
+    deployed = report.split("## The deployed model")[1]  # the warmed VHA folded, exported and run in transformers
+    assert "-> " in deployed and "gqa, n_head=8, n_kv_head=2" in deployed
+    assert "greedy 48 tokens: identical; greedy text equal to sample.py's" in deployed.split("transformers check")[1]
     res = read_json(root / "results.json")
     assert len(res["runs"]) == len(uptrain.VARIANTS) * 2 and len(res["comparisons"]) == len(uptrain.COMPARISONS)
     R = {(r["variant"], r["seed"]): r for r in res["runs"]}
@@ -37,6 +40,7 @@ def test_smoke_pipeline_reports_every_row(smoke):
         assert R[("vha_warm", seed)]["val_before"] == R[("vha_warm_kd", seed)]["val_before"]
         assert R[("gqa_uptrain", seed)]["val_before"] == R[("gqa_uptrain_kd", seed)]["val_before"]
         assert R[("vha_warm", seed)]["iters"] == 3 and R[("vha_scratch_full", seed)]["iters"] == 30
+        assert R[("vha_warm_kd_long", seed)]["iters"] == R[("gqa_uptrain_kd_long", seed)]["iters"] == 15
     assert R[("vha_warm", 0)]["val_before"] != R[("vha_warm", 1)]["val_before"]  # the seed changes the eval batches
 
 
@@ -73,6 +77,11 @@ def test_budgets_and_warm_up_argv():
     assert plain[0].endswith(os.path.join("converted", "gqa", "ckpt.pt")) and not any("distill" in a for a in plain)
     schedule = lambda a: [x for x in a if x.startswith(("--learning_rate", "--min_lr", "--warmup_iters", "--max_iters", "--freeze"))]
     assert schedule(warm) == schedule(plain)  # one schedule for every warm-up variant
+    long = uptrain.run_args(cfg, "gqa_uptrain_kd_long", 3, "/tmp/x")
+    assert (cfg["long_warm_iters"], cfg["long_freeze_iters"]) == (600, 150)
+    assert "--max_iters=600" in long and "--lr_decay_iters=600" in long and "--freeze_iters=150" in long and "--distill_alpha=0.7" in long
+    assert [a for a in long if a.startswith(("--learning_rate", "--min_lr", "--warmup_iters"))] == [
+        a for a in warm if a.startswith(("--learning_rate", "--min_lr", "--warmup_iters"))]  # only the length differs
     scratch = uptrain.run_args(cfg, "gqa_scratch_short", 3, "/tmp/x")
     assert scratch[:2] == ["config/vha_small.py", "config/ablations/gqa_same_deploy.py"] and "--max_iters=120" in scratch
     with pytest.raises(SystemExit, match="uptrain_warmup_iters"):
