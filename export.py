@@ -177,15 +177,16 @@ def hf_compare(folder, model, meta, tokens, gen_tokens):
     transformers.logging.set_verbosity_error()  # no progress bar, no note that max_new_tokens overrides max_length
     transformers.logging.disable_progress_bar()
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompt, v = tokens[:16], model.cfg.vocab_size
+    prompt, v, dev = tokens[:16], model.cfg.vocab_size, model.embed.weight.device  # transformers runs on the CPU
     theirs = hf(torch.tensor([tokens])).logits[0].double()  # (T, vocab): the export has no padded rows
-    ours = model(torch.tensor([tokens]))[0][0, :, :v].double()  # (T, vocab)
+    ours = model(torch.tensor([tokens], device=dev))[0][0, :, :v].double().cpu()  # (T, vocab)
     hf_ids = hf.generate(torch.tensor([prompt]), max_new_tokens=gen_tokens, min_new_tokens=gen_tokens, do_sample=False)[0].tolist()
-    our_ids = model.generate(torch.tensor([prompt]), gen_tokens, temperature=0)[0].tolist()
+    our_ids = model.generate(torch.tensor([prompt], device=dev), gen_tokens, temperature=0)[0].tolist()
     differ = [i for i, (a, b) in enumerate(zip(our_ids[len(prompt):], hf_ids[len(prompt):])) if a != b]
     same_text = None
     if os.path.exists(os.path.join(folder, "tokenizer.json")):
-        same_text = transformers.AutoTokenizer.from_pretrained(folder).decode(hf_ids) == load_tokenizer(meta)[1](our_ids)
+        tok = transformers.AutoTokenizer.from_pretrained(folder)  # ids that differ may be padding rows: not decoded
+        same_text = not differ and tok.decode(hf_ids) == load_tokenizer(meta)[1](our_ids)
     return (ours - theirs).abs().max().item(), ours.abs().max().item(), differ[0] if differ else None, same_text
 
 
