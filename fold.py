@@ -3,7 +3,7 @@ Folds a trained VHA checkpoint into the plain GQA model it already is, then prov
 
     python fold.py --out_dir=out-vha-small                          # writes out-vha-small/ckpt_folded.pt
     python fold.py --out_dir=out-vha-small --plot=True              # + fold_analysis.png and a per-layer table
-    python fold.py --out_dir=out-vha-small --export_hf=hf-vha-small # + a Hugging Face Qwen3ForCausalLM folder
+    python fold.py --out_dir=out-vha-small --export_hf=hf-vha-small # + a Hugging Face Qwen3ForCausalLM folder, run in transformers
     python fold.py --out_dir=out-vha-small --export_gguf=vha-small.gguf  # + one GGUF file for llama.cpp
 
 The fold (GPT.fold_to_gqa in model.py, computed in float64), for virtual head j = g*H_p + h:
