@@ -167,27 +167,41 @@ def write_hf(model, folder, meta, source):
 
 
 @torch.no_grad()
+def reference(model, tokens, gen_tokens):
+    """What another runtime running our export must reproduce, from tokens (a list, from position 0): our logits on
+    them (T, vocab: padded rows dropped, float64, on the CPU) and our gen_tokens greedy ids after their first 16 (the
+    KV-cache path sample.py runs). -> (logits, prompt, greedy ids)."""
+    dev, prompt = model.embed.weight.device, tokens[:16]
+    logits = model(torch.tensor([tokens], device=dev))[0][0, :, :model.cfg.vocab_size].double().cpu()  # (T, vocab)
+    greedy = model.generate(torch.tensor([prompt], device=dev), gen_tokens, temperature=0)[0, len(prompt):].tolist()
+    return logits, prompt, greedy
+
+
+def first_mismatch(ours, theirs):
+    """The index of the first position where two id lists differ, or None."""
+    return next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+
+
+@torch.no_grad()
 def hf_compare(folder, model, meta, tokens, gen_tokens):
-    """transformers running the exported folder against model (ours: the checkpoint as trained, float32 or float64) on
-    tokens (a list, from position 0) and greedy decoding from their first 16, both with the KV cache.
-    -> (max |logit difference|, largest |logit|, None if the gen_tokens greedy tokens are identical else the index of the
-    first that differs, whether the two greedy texts are equal: transformers' tokenizer decoding its ids vs ours
-    decoding ours, as sample.py does; None where the folder has no tokenizer)."""
+    """transformers (on the CPU) running the exported folder against model (ours: the checkpoint as trained) on
+    `reference`'s logits and greedy ids. -> (max |logit difference|, largest |logit|, None if the gen_tokens greedy tokens
+    are identical else the index of the first that differs, whether the two greedy texts are equal: transformers'
+    tokenizer decoding its ids vs ours decoding ours, as sample.py does; None where the folder has no tokenizer)."""
     import transformers
     transformers.logging.set_verbosity_error()  # no progress bar, no note that max_new_tokens overrides max_length
     transformers.logging.disable_progress_bar()
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    prompt, v, dev = tokens[:16], model.cfg.vocab_size, model.embed.weight.device  # transformers runs on the CPU
+    ours, prompt, our_ids = reference(model, tokens, gen_tokens)
     theirs = hf(torch.tensor([tokens])).logits[0].double()  # (T, vocab): the export has no padded rows
-    ours = model(torch.tensor([tokens], device=dev))[0][0, :, :v].double().cpu()  # (T, vocab)
-    hf_ids = hf.generate(torch.tensor([prompt]), max_new_tokens=gen_tokens, min_new_tokens=gen_tokens, do_sample=False)[0].tolist()
-    our_ids = model.generate(torch.tensor([prompt], device=dev), gen_tokens, temperature=0)[0].tolist()
-    differ = [i for i, (a, b) in enumerate(zip(our_ids[len(prompt):], hf_ids[len(prompt):])) if a != b]
+    hf_ids = hf.generate(torch.tensor([prompt]), max_new_tokens=gen_tokens, min_new_tokens=gen_tokens,
+                         do_sample=False)[0, len(prompt):].tolist()
+    diverged = first_mismatch(our_ids, hf_ids)
     same_text = None
     if os.path.exists(os.path.join(folder, "tokenizer.json")):
         tok = transformers.AutoTokenizer.from_pretrained(folder)  # ids that differ may be padding rows: not decoded
-        same_text = not differ and tok.decode(hf_ids) == load_tokenizer(meta)[1](our_ids)
-    return (ours - theirs).abs().max().item(), ours.abs().max().item(), differ[0] if differ else None, same_text
+        same_text = diverged is None and tok.decode(prompt + hf_ids) == load_tokenizer(meta)[1](prompt + our_ids)
+    return (ours - theirs).abs().max().item(), ours.abs().max().item(), diverged, same_text
 
 
 # ---- GGUF (llama.cpp): our names -> llama.cpp's qwen3 tensors ----

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from export import write_gguf
+from export import first_mismatch, reference, write_gguf
 
 
 def version():
@@ -87,10 +87,10 @@ class LlamaCpp:
 @torch.no_grad()
 def compare(path, model, tokens, gen_tokens, threads=1):
     """llama.cpp running the GGUF file at path (with an f32 KV cache) against model (ours, float32 or float64) on
-    tokens (a list, from position 0) and greedy decoding from their first 16. -> (max |logit difference|, largest |logit|,
-    None if gen_tokens greedy tokens are identical, else the index of the first that differs)."""
+    export.reference's logits and greedy ids. -> (max |logit difference|, largest |logit|, None if gen_tokens greedy
+    tokens are identical, else the index of the first that differs)."""
     import llama_cpp
-    prompt = tokens[:16]
+    ours, prompt, expected = reference(model, tokens, gen_tokens)
     f32 = llama_cpp.GGML_TYPE_F32  # llama.cpp's default KV cache is f16: it alone moves logits by ~5e-4 of the largest
     llm = llama_cpp.Llama(model_path=path, n_ctx=max(len(tokens), len(prompt) + gen_tokens) + 1, n_threads=threads,
                           n_threads_batch=threads, logits_all=True, type_k=f32, type_v=f32, verbose=False)
@@ -105,7 +105,4 @@ def compare(path, model, tokens, gen_tokens, threads=1):
                 break
     finally:
         llm.close()
-    ours = model(torch.tensor([tokens]))[0][0, :, :model.cfg.vocab_size].double()  # (T, vocab): padded rows dropped
-    expected = model.generate(torch.tensor([prompt]), gen_tokens, temperature=0)[0, len(prompt):].tolist()
-    differ = [i for i, (a, b) in enumerate(zip(expected, greedy)) if a != b]
-    return (ours - theirs).abs().max().item(), ours.abs().max().item(), differ[0] if differ else None
+    return (ours - theirs).abs().max().item(), ours.abs().max().item(), first_mismatch(expected, greedy)

@@ -176,6 +176,10 @@ def convert_teacher(cfg, to):
     print(f"convert to {to}: done (per-layer errors in {out}/convert.out)", flush=True)
 
 
+def run_path(cfg, variant, seed):
+    return os.path.join(cfg["root"], "runs", variant, f"seed{seed}")
+
+
 def fold_and_export(cfg):
     """fold.py on the first seed's distilled VHA warm-up: the GQA 8Q/2KV it deploys as, exported as a Hugging Face
     folder that fold.py then runs in transformers (logits, greedy text). Seconds, so redone every time."""
@@ -184,7 +188,7 @@ def fold_and_export(cfg):
     log = os.path.join(out, "fold.out")
     if os.path.exists(log):
         os.remove(log)
-    run_script(cfg, out, "fold.py", [f"--out_dir={os.path.join(cfg['root'], 'runs', 'vha_warm_kd', 'seed' + str(cfg['seed']))}",
+    run_script(cfg, out, "fold.py", [f"--out_dir={run_path(cfg, 'vha_warm_kd', cfg['seed'])}",
                                      f"--export_hf={os.path.join(out, 'hf')}", f"--gen_tokens={min(200, cfg['block_size'] - 16)}"])
     print(f"fold and export of vha_warm_kd seed {cfg['seed']}: {out}/hf (fold.py's report: {log})", flush=True)
 
@@ -192,7 +196,7 @@ def fold_and_export(cfg):
 def run_one(cfg, job):
     """Trains (or resumes, or skips) one run and writes its result.json; returns a status word."""
     variant, seed = job
-    run_dir = os.path.join(cfg["root"], "runs", variant, f"seed{seed}")
+    run_dir = run_path(cfg, variant, seed)
     result_path = os.path.join(run_dir, "result.json")
     args = run_args(cfg, variant, seed, run_dir)
     if os.path.exists(result_path) and same_run(read_json(result_path)["args"], args):
