@@ -25,7 +25,8 @@ The pipeline (every run resumes and is skipped once done, experiments.py):
 Measured on a 2-core AMD EPYC (Zen 5, native bf16: dtype auto ran bf16 autocast), torch 2.13.0: the teacher 345 s
 (run alone with --threads=2; under --threads=1 it gets one core), then --jobs=2 --threads=1: 88 min for the 55 runs
 (a 1200-iteration scratch run about 455 s, a 120-iteration warm-up 70 s, 80 s distilled, a 600-iteration distilled
-one 290 s), about 95 min in all. The results and what they say: docs/convert.md, "The comparison".
+one 290 s), about 95 min in all; an AVX2-only CPU runs fp32 (the demo: 398 s there against 323 s here), so expect
+about 2 h there (not measured). The results and what they say: docs/convert.md, "The comparison".
 Any knob below can be overridden with --key=value after the size preset.
 """
 import os
