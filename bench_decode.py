@@ -274,7 +274,6 @@ def time_decode(models, ctx, compiled, runners={}):
     for model in models.values():  # free the caches before the next context
         for block in model.blocks:
             block.attn.kv_cache = None
-        model.rope_cos = model.rope_sin = None
     if compiled:
         torch._dynamo.reset()
     return seconds, kv_alloc

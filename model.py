@@ -66,7 +66,6 @@ class KVCache(nn.Module):
         super().__init__()
         self.register_buffer("k", torch.zeros(batch_size, heads, max_len, k_dim, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(batch_size, heads, max_len, v_dim, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("positions", torch.arange(max_len, device=device), persistent=False)  # for static masks
 
     def update(self, start, k, v):
         """Writes k, v (B, H_kv, T, hd) at start..; returns the filled prefix for an int start, the whole
@@ -218,7 +217,7 @@ class Attention(nn.Module):
         if start_pos is not None:
             k, v = self.kv_cache.update(start_pos, k, v)  # (B, H_kv, start_pos+T, d); static: the whole cache
         if T == 1 and start_pos is not None and (cfg.decode_impl == "grouped" or static):
-            visible = self.kv_cache.positions <= start_pos if static else None  # (max_len,): written positions
+            visible = torch.arange(k.size(2), device=k.device) <= start_pos if static else None  # (max_len,): written
             return grouped_decode_attention(q, k, v, visible)
         if cfg.attn_impl == "plain":
             return plain_attention(q, k, v)
@@ -296,7 +295,7 @@ class MLAttention(nn.Module):
         static = isinstance(start_pos, torch.Tensor)
         if start_pos is not None:
             c_kv, k_rope = self.kv_cache.update(start_pos, c_kv, k_rope)  # (B, 1, Tk, r), (B, 1, Tk, d_R)
-        visible = self.kv_cache.positions <= start_pos if static else None  # (max_len,) written positions
+        visible = torch.arange(c_kv.size(2), device=x.device) <= start_pos if static else None  # (max_len,): written
         if T == 1 and start_pos is not None and cfg.mla_decode == "absorb":
             a = self.absorbed_attention(q_nope, q_rope, c_kv, k_rope, visible)
         else:
@@ -456,19 +455,15 @@ class GPT(nn.Module):
         decodes one token with static shapes (for torch.compile / CUDA graphs). Logits (B, 1, vocab):
         generation only reads the last position."""
         B, T = idx.shape
-        if start_pos is None:
-            if T > self.cfg.block_size:
-                raise ValueError(f"sequence length {T} > block_size {self.cfg.block_size}")
-            cos, sin = rope_cos_sin(torch.arange(T, device=idx.device), self.cfg.rope_dim, self.cfg.rope_theta, self.embed.weight.dtype)
-        elif getattr(self, "rope_cos", None) is None:
+        cache = self.blocks[0].attn.kv_cache
+        if start_pos is None and T > self.cfg.block_size:
+            raise ValueError(f"sequence length {T} > block_size {self.cfg.block_size}")
+        if start_pos is not None and cache is None:
             raise RuntimeError("no KV cache: call setup_cache(batch_size, max_len) first")
-        elif isinstance(start_pos, torch.Tensor):
-            cos, sin = self.rope_cos[start_pos], self.rope_sin[start_pos]  # (1, hd)
-        elif start_pos + T > self.rope_cos.size(0):
-            raise ValueError(f"positions up to {start_pos + T} do not fit the cache ({self.rope_cos.size(0)}); "
+        if isinstance(start_pos, int) and start_pos + T > cache.k.size(2):
+            raise ValueError(f"positions up to {start_pos + T} do not fit the cache ({cache.k.size(2)}); "
                              f"call setup_cache with a larger max_len")
-        else:
-            cos, sin = self.rope_cos[start_pos:start_pos + T], self.rope_sin[start_pos:start_pos + T]  # (T, hd)
+        cos, sin = self.rope_at(0 if start_pos is None else start_pos, T, idx.device)  # (T, rope_dim) each
         x = self.drop(self.embed(idx))  # (B, T, D)
         for block in self.blocks:
             x = block(x, cos, sin, start_pos)
@@ -481,18 +476,19 @@ class GPT(nn.Module):
             loss = F.cross_entropy(logits_f.reshape(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
         return logits, loss
 
+    def rope_at(self, start_pos, T, device):
+        """cos, sin (T, rope_dim) of positions start_pos..start_pos+T-1: start_pos an int, or a (1,) long tensor in a
+        static-shape decode step. The angles are computed in float64 at every call (rope_cos_sin): no table to size."""
+        positions = torch.arange(T, device=device) + start_pos  # (T,)
+        return rope_cos_sin(positions, self.cfg.rope_dim, self.cfg.rope_theta, self.embed.weight.dtype)
+
     # ---- generation with a preallocated KV cache (gpt-fast style) ----
     def setup_cache(self, batch_size, max_len, dtype=None, device=None):
-        """One KVCache per layer for positions 0..max_len-1, and the RoPE table of those positions
-        (angles in float64, cast once here: a decode step then only slices it)."""
+        """One KVCache per layer for positions 0..max_len-1 (in the weights' dtype unless given)."""
         p = self.embed.weight
-        device = device or p.device
         for block in self.blocks:
             heads, k_dim, v_dim = block.attn.cache_dims
-            block.attn.kv_cache = KVCache(batch_size, heads, max_len, k_dim, v_dim, dtype or p.dtype, device)
-        cos, sin = rope_cos_sin(torch.arange(max_len, device=device), self.cfg.rope_dim, self.cfg.rope_theta, p.dtype)
-        self.register_buffer("rope_cos", cos, persistent=False)  # buffers: static inputs for CUDA graphs
-        self.register_buffer("rope_sin", sin, persistent=False)
+            block.attn.kv_cache = KVCache(batch_size, heads, max_len, k_dim, v_dim, dtype or p.dtype, device or p.device)
 
     @torch.no_grad()
     def prefill(self, idx):

@@ -46,18 +46,18 @@ def test_static_shape_decode_equals_uncached_forward_float64(name, decode_impl):
     assert (torch.stack(steps, 1) - full[:, 11:29]).abs().max() < 1e-12
 
 
-def test_rope_table_keeps_float64_angles():
-    """setup_cache's table equals the per-step computation, and a float32 table is accurate far out
-    (float32 angles at position 1e5 would be off by ~1e-3)."""
+def test_rope_keeps_float64_angles():
+    """rope_at computes the angles in float64 and casts: a float32 model is accurate far out
+    (float32 angles at position 1e5 would be off by ~1e-3), at int and at tensor positions alike."""
     model = make(dtype=torch.float32, **VARIANTS["gqa"])
-    model.setup_cache(batch_size=1, max_len=100_001)
-    cos, sin = model.rope_cos, model.rope_sin
     d, theta = model.cfg.head_dim, model.cfg.rope_theta
     for p in (0, 5, 99_999, 100_000):
         cos64, sin64 = rope_cos_sin(torch.arange(p, p + 1), d, theta, torch.float64)
-        assert (cos[p].double() - cos64[0]).abs().max() < 1e-7 and (sin[p].double() - sin64[0]).abs().max() < 1e-7
+        for start in (p, torch.tensor([p])):
+            cos, sin = model.rope_at(start, 1, "cpu")
+            assert cos.dtype == torch.float32 and (cos.double() - cos64).abs().max() < 1e-7 and (sin.double() - sin64).abs().max() < 1e-7
     inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
-    naive = (torch.tensor(100_000.0) * inv_freq).cos()  # float32 angles: the error the table avoids
+    naive = (torch.tensor(100_000.0) * inv_freq).cos()  # float32 angles: the error float64 avoids
     assert (naive.double() - cos64[0, :d // 2]).abs().max() > 1e-5
 
 
