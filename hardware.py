@@ -2,13 +2,18 @@
 What this machine can do, in one place: the precision a run should use, a GPU's spec-sheet peaks, and how
 the benchmarks time it (medians of interleaved calls).
 
-    dtype, why = choose_dtype("cpu", "auto")   # ("float32", "float32: this CPU has no native bf16 (AVX2)")
+    dtype, why = choose_dtype("cpu", "auto", step)   # step(dtype) runs one training step of the run's model
+    # why: "float32: 0.338 s/step vs bfloat16 0.512 s/step on this CPU (Intel Xeon ..., AVX512, AVX512_BF16, AMX)"
     peak_flops, hbm = gpu_spec("NVIDIA H100 80GB HBM3")   # (989e12, 3.35e12); (None, None) if unknown
 
-bf16 autocast pays only where the hardware computes in bf16: every CUDA GPU from Ampere on, and CPUs with
-AVX-512 BF16 or AMX. Elsewhere (AVX2 CPUs: most laptops, AMD before Zen 4) every bf16 op is emulated and a
-training step is about 11x slower than in fp32, so "auto" picks fp32 there.
+On a CPU, "auto" times the candidates on the run's own model and keeps the faster: whether bf16 autocast pays
+depends on the CPU and the model's width, not on the instruction set alone (docs/training.md has the figures).
+bf16 is a candidate only where the CPU has bf16 instructions (AVX-512 BF16 or AMX) and torch uses its AVX-512
+kernels; elsewhere every bf16 op is emulated, about 11x slower, and not worth the seconds of timing it.
+CUDA keeps its rule: bf16 autocast where the GPU has it, float16 with a GradScaler where it does not.
 """
+import copy
+import platform
 import re
 import statistics
 import time
@@ -25,10 +30,27 @@ def cpu_bf16_support():
     return has_bf16 and isa.startswith("AVX512"), isa
 
 
-def choose_dtype(device_type, dtype):
-    """-> (dtype, one line saying why). dtype "auto": bf16 autocast on CUDA with bf16, float16 (+ GradScaler)
-    on older CUDA, bf16 on a CPU that has it natively, float32 otherwise (MPS included). An explicit bf16 on
-    a CPU without it is kept, and the line is a warning (starts with "warning:") that it is emulated."""
+def cpu_kind():
+    """The CPU as lscpu names it, with what torch runs on it: 'AMD EPYC 7B13 (AVX2)',
+    'Intel(R) Xeon(R) Platinum 8481C (AVX512, AVX512_BF16, AMX)'. Printed beside every CPU figure."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+    except OSError:
+        pass
+    features = [torch.backends.cpu.get_cpu_capability()]
+    features += ["AVX512_BF16"] if torch.cpu._is_avx512_bf16_supported() else []
+    features += ["AMX"] if torch.cpu._is_amx_tile_supported() else []
+    return f"{name} ({', '.join(features)})"
+
+
+def choose_dtype(device_type, dtype, step=None, clock=time.perf_counter):
+    """-> (dtype, one line saying why). dtype "auto": on a CPU, the faster of float32 and bf16 autocast by
+    step(dtype) (one step of the run's own work in that dtype), timed interleaved; bf16 only where native, and
+    float32 without timing where no step is given. On CUDA, bf16 autocast where supported, else float16
+    (+ GradScaler); float32 elsewhere (MPS). An explicit bf16 on a CPU without it is kept, and the line is a
+    warning (starts with "warning:") that it is emulated."""
     if device_type == "cuda":
         bf16 = torch.cuda.is_bf16_supported()
         if dtype == "auto":
@@ -38,13 +60,46 @@ def choose_dtype(device_type, dtype):
     if device_type == "cpu":
         native, isa = cpu_bf16_support()
         if dtype == "auto":
-            return ("bfloat16", f"bfloat16 autocast: this CPU has native bf16 ({isa})") if native else (
-                "float32", f"float32: this CPU has no native bf16 ({isa})")
+            if not native:
+                return "float32", f"float32: this CPU has no native bf16 ({isa}), so bfloat16 (emulated) was not timed"
+            if step is None:
+                return "float32", f"float32: nothing to time bfloat16 on (this CPU has native bf16, {isa})"
+            return fastest_dtype(step, clock)
         if dtype in ("bfloat16", "float16") and not native:
             return dtype, (f"warning: {dtype} was asked for, but this CPU has no native bf16 ({isa}): it is emulated, "
                            f"about 11x slower than float32; drop --dtype (auto picks float32 here) or pass --dtype=float32")
         return dtype, f"{dtype}: asked for"
     return ("float32", f"float32 on {device_type}") if dtype == "auto" else (dtype, f"{dtype}: asked for")
+
+
+def fastest_dtype(step, clock=time.perf_counter, timed_steps=3):
+    """float32 against bfloat16: one untimed step each, then timed_steps each, interleaved (one timed step where a
+    step takes over 2 s, so a large model's probe stays short). -> (the faster, the line with both medians)."""
+    fns = {d: (lambda d=d: step(d)) for d in ("float32", "bfloat16")}
+    first = {d: timed(fn, clock=clock) for d, fn in fns.items()}  # warm-up: allocations, kernel selection
+    seconds = interleaved(fns, timed_steps if max(first.values()) < 2 else 1, warmup=0, clock=clock)
+    best, other = sorted(seconds, key=seconds.get)
+    return best, (f"{best}: {seconds[best]:.3f} s/step vs {other} {seconds[other]:.3f} s/step on this CPU ({cpu_kind()}), "
+                  f"timed on this run's model")
+
+
+def training_step(model, x, y):
+    """-> step(dtype): one forward + backward of a copy of `model` on (x, y) in that dtype (bf16/fp16: autocast),
+    for choose_dtype. The run's model, its gradients and every random stream are left as they were; the copy is
+    made at the first step, so a run that times nothing copies nothing."""
+    probe = []
+
+    def step(dtype):
+        probe[:] = probe or [copy.deepcopy(model)]
+        with torch.random.fork_rng(devices=[]), autocast_for(x.device.type, dtype):
+            probe[0](x, y)[1].backward()
+        probe[0].zero_grad(set_to_none=True)
+    return step
+
+
+def autocast_for(device_type, dtype):
+    """The autocast context of a run in `dtype`: bf16/fp16 autocast, none for float32/float64 (weights in that dtype)."""
+    return torch.autocast(device_type, dtype=getattr(torch, dtype), enabled=dtype in ("bfloat16", "float16"))
 
 
 # Spec-sheet peaks of each GPU under its exact torch.cuda.get_device_name(): dense bf16 (fp16 where the GPU has
@@ -91,22 +146,22 @@ def synchronize(device_type):
         torch.mps.synchronize()
 
 
-def timed(fn, device_type="cpu"):
+def timed(fn, device_type="cpu", clock=time.perf_counter):
     """Seconds one call of fn takes, with the device's queued work finished before and after."""
     synchronize(device_type)
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
     synchronize(device_type)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
-def interleaved(fns, n_timed, warmup, device_type="cpu"):
+def interleaved(fns, n_timed, warmup, device_type="cpu", clock=time.perf_counter):
     """warmup + n_timed rounds, each calling every fn once in turn, so machine noise hits them alike;
     the median seconds per fn, warm-up excluded."""
     times = {name: [] for name in fns}
     for _ in range(warmup + n_timed):
         for name, fn in fns.items():
-            times[name].append(timed(fn, device_type))
+            times[name].append(timed(fn, device_type, clock))
     return {name: statistics.median(ts[warmup:]) for name, ts in times.items()}
 
 

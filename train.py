@@ -17,14 +17,13 @@ import os
 import sys
 import time
 import zlib
-from contextlib import nullcontext
 
 import torch
 from torch.distributed import destroy_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import ConfigError, configure, need, resolve_device
-from hardware import choose_dtype, compile_counters, gpu_spec
+from hardware import autocast_for, choose_dtype, compile_counters, gpu_spec, training_step
 from health import vha_health
 from data.dataset import DATA_ROOT, Dataset, prepare_if_missing
 from checkpoint import (cut_log, disk_problem, load_checkpoint, load_start, model_from_checkpoint, prepare_out_dir, resume_problem,
@@ -97,7 +96,7 @@ lr_decay_iters = None  # default max_iters
 min_lr = None  # default learning_rate / 10
 # system
 device = "auto"  # auto picks cuda, then mps, then cpu; or "cpu", "cuda", "cuda:1", "mps"
-dtype = "auto"  # auto: bf16 autocast where the hardware has bf16 (CUDA, AVX-512 BF16/AMX CPUs), fp16 on old CUDA, else fp32
+dtype = "auto"  # auto: CUDA bf16 autocast (fp16 on old GPUs); a CPU times fp32 against bf16 (where native), keeps the faster
 compile = None  # None: on for CUDA, off elsewhere (it costs 20-35 s on CPU)
 ddp_timeout = 600  # DDP: seconds a process waits for the others in a collective (a hung peer) before it stops
 # -----------------------------------------------------------------------------
@@ -133,12 +132,8 @@ else:
     rank, local_rank, world_size = 0, 0, 1
 master = rank == 0
 accum_per_rank = gradient_accumulation_steps // world_size
-dtype, dtype_reason = choose_dtype(device_type, dtype)  # e.g. "float32: this CPU has no native bf16 (AVX2)"
 if compile is None:
     compile = device_type == "cuda"
-ptdtype = getattr(torch, dtype)
-# params stay float32 (or float64); bf16/fp16 run under autocast
-autocast = torch.autocast(device_type, dtype=ptdtype) if dtype in ("bfloat16", "float16") else nullcontext()
 if device_type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -232,6 +227,16 @@ if init_from == "scratch":  # paired_init: GPT draws its init seed first, so eve
     torch.manual_seed(seed if paired_init else seed + zlib.crc32(repr(sorted(model_args.items())).encode()))
     model = GPT(GPTConfig(**model_args))
 model.to(device, dtype=torch.float64 if dtype == "float64" else torch.float32)
+# dtype "auto": on a CPU the faster of float32 and bf16 autocast on this model and batch (hardware.py); a resumed run
+# keeps the dtype it trained in, so it stays exact; under DDP every process takes rank 0's choice
+if dtype == "auto" and resuming and ckpt.get("dtype"):
+    dtype, dtype_reason = ckpt["dtype"], f"{ckpt['dtype']}: the dtype this run trained in (resumed; --dtype=... changes it)"
+else:
+    dtype, dtype_reason = choose_dtype(device_type, dtype, training_step(model, *get_batch("train", torch.Generator().manual_seed(seed + 4))))
+if ddp:
+    torch.distributed.broadcast_object_list(choice := [dtype, dtype_reason], src=0)
+    dtype, dtype_reason = choice
+autocast = autocast_for(device_type, dtype)  # params stay float32 (or float64); bf16/fp16 run under autocast
 
 # AdamW: weight decay on matrices and postmix, none on norms and premix (distill.adamw_groups says why)
 optimizer = torch.optim.AdamW(adamw_groups(model, weight_decay), lr=learning_rate, betas=(beta1, beta2),
@@ -344,7 +349,7 @@ def save(it, elapsed):
     try:  # temp file + fsync + rename: a crash here leaves the previous checkpoint intact
         save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
                          "model_args": model_args, "iter_num": it, "best_val_loss": best_val_loss, "config": config,
-                         "meta": meta, "elapsed": elapsed, "kind": "nanovha"}, ckpt_path)
+                         "meta": meta, "elapsed": elapsed, "dtype": dtype, "kind": "nanovha"}, ckpt_path)
     except (OSError, RuntimeError) as e:
         sys.exit(f"error: writing the checkpoint of iteration {it} failed, is the disk full? ({str(e).splitlines()[0]}); "
                  f"{kept()}: free some space, then continue with --init_from=resume")

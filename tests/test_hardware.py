@@ -1,5 +1,5 @@
-"""hardware.py: the dtype a run picks for each kind of machine (each capability forced, never timed), and
-the GPU spec table read by exact device names."""
+"""hardware.py: the dtype a run picks on each kind of machine (each capability forced, the timing faked where a choice
+is timed), and the GPU spec table read by exact device names."""
 import pytest
 import torch
 
@@ -17,19 +17,52 @@ def cpu(monkeypatch):
     return make
 
 
-def test_auto_on_cpus(cpu):
-    cpu("AVX2")
-    assert hardware.choose_dtype("cpu", "auto") == ("float32", "float32: this CPU has no native bf16 (AVX2)")
-    cpu("AVX512")  # AVX-512 without its bf16 extension (e.g. Skylake-X)
-    assert hardware.choose_dtype("cpu", "auto")[0] == "float32"
-    cpu("AVX512", avx512_bf16=True)  # Zen 4/5, Cooper Lake
-    assert hardware.choose_dtype("cpu", "auto") == ("bfloat16", "bfloat16 autocast: this CPU has native bf16 (AVX512)")
-    cpu("AVX512", amx=True)  # Sapphire Rapids and later
-    assert hardware.choose_dtype("cpu", "auto")[0] == "bfloat16"
-    cpu("AVX2", avx512_bf16=True)  # the instructions are there, but torch runs its AVX2 kernels (ATEN_CPU_CAPABILITY=avx2)
-    assert hardware.choose_dtype("cpu", "auto")[0] == "float32"
-    cpu("DEFAULT")  # e.g. an ARM laptop: torch's default kernels
-    assert hardware.choose_dtype("cpu", "auto")[0] == "float32"
+def fake_step(costs):
+    """(step, clock): step(dtype) moves the clock on by costs[dtype] seconds, as a step in that dtype would."""
+    now = [0.0]
+    return (lambda dtype: now.__setitem__(0, now[0] + costs[dtype])), (lambda: now[0])
+
+
+@pytest.mark.parametrize("costs, picked", [({"float32": 0.34, "bfloat16": 0.51}, "float32"),  # the Intel AMX kind at width 128
+                                           ({"float32": 0.30, "bfloat16": 0.19}, "bfloat16")])  # Zen 5
+def test_auto_on_a_native_bf16_cpu_keeps_the_faster(cpu, costs, picked):
+    cpu("AVX512", amx=True)
+    step, clock = fake_step(costs)
+    dtype, line = hardware.choose_dtype("cpu", "auto", step, clock)
+    other = "bfloat16" if picked == "float32" else "float32"
+    assert dtype == picked and line.startswith(f"{picked}: {costs[picked]:.3f} s/step vs {other} {costs[other]:.3f} s/step")
+    assert "AVX512" in line and "AMX" in line
+
+
+def test_auto_times_nothing_where_bf16_is_emulated(cpu):
+    def step(dtype):
+        raise AssertionError("nothing may be timed")
+    for isa, flags in [("AVX2", {}), ("AVX512", {}), ("AVX2", {"avx512_bf16": True}), ("DEFAULT", {})]:
+        cpu(isa, **flags)  # AVX2; AVX-512 without bf16 (Skylake-X); bf16 instructions under torch's AVX2 kernels; ARM
+        dtype, line = hardware.choose_dtype("cpu", "auto", step)
+        assert dtype == "float32" and line == f"float32: this CPU has no native bf16 ({isa}), so bfloat16 (emulated) was not timed"
+    cpu("AVX512", avx512_bf16=True)
+    assert hardware.choose_dtype("cpu", "auto")[0] == "float32"  # native, but no step to time: the safe choice
+
+
+def test_the_probe_leaves_the_run_as_it_was(cpu):
+    """A real probe on a tiny model: the model's weights, its gradients and the random streams are untouched, so a run
+    with dtype=auto is bit-identical to the same run with the chosen dtype given explicitly."""
+    from model import GPT, GPTConfig
+    cpu("AVX512", amx=True)  # bf16 is then a candidate (emulated on an AVX2 machine: slow, but the model is tiny)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_embd=32, n_head=4, n_kv_head=2, attn="vha"))
+    x = torch.randint(40, (2, 16))
+    before, rng = {k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state()
+    dtype, line = hardware.choose_dtype("cpu", "auto", hardware.training_step(model, x, x))
+    assert dtype in ("float32", "bfloat16") and "s/step vs" in line
+    assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_cpu_kind_names_the_cpu_and_its_kernels():
+    kind = hardware.cpu_kind()
+    assert kind.endswith(")") and torch.backends.cpu.get_cpu_capability() in kind and len(kind) > len(" (AVX2)")
 
 
 def test_explicit_bf16_on_a_cpu_without_it_is_kept_with_a_warning(cpu):
@@ -67,10 +100,15 @@ def test_gpu_spec_matches_whole_names_first(name, peak, hbm):
     assert hardware.gpu_spec(name) == (peak, hbm)
 
 
-def test_train_prints_its_choice(char_data, tmp_path):
-    proc = run("train.py", f"--data_dir={char_data}", f"--out_dir={tmp_path}", "--max_iters=0", *TINY_MODEL, "--warmup_iters=0")
+def test_train_prints_its_choice_and_a_resume_keeps_it(char_data, tmp_path):
+    args = [f"--data_dir={char_data}", f"--out_dir={tmp_path}", *TINY_MODEL, "--warmup_iters=0", "--eval_interval=2"]
+    proc = run("train.py", *args, "--max_iters=2")
     native = hardware.cpu_bf16_support()[0]
-    assert ("dtype bfloat16 autocast: this CPU has native bf16" if native else "dtype float32: this CPU has no native bf16") in proc.stdout
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("dtype "))
+    assert ("s/step vs" in line) if native else line.startswith("dtype float32: this CPU has no native bf16"), line
+    chosen = line.split()[1].rstrip(":")
+    resumed = run("train.py", *args, "--max_iters=4", "--init_from=resume")
+    assert f"dtype {chosen}: the dtype this run trained in (resumed" in resumed.stdout
     forced = run("train.py", f"--data_dir={char_data}", f"--out_dir={tmp_path}/avx2", "--max_iters=0", "--dtype=bfloat16",
                  *TINY_MODEL, "--warmup_iters=0", env={"ATEN_CPU_CAPABILITY": "avx2"})  # torch's AVX2 kernels: bf16 emulated, as on an AVX2 CPU
     assert "dtype float32" not in forced.stdout and forced.stderr.count("warning: bfloat16 was asked for") == 1
