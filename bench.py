@@ -16,8 +16,8 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import ConfigError, configure, need, resolve_device
-from hardware import gpu_spec, interleaved, print_table, verdict
+from nanovha.config import ConfigError, configure, need, resolve_device
+from nanovha.hardware import gpu_spec, interleaved, print_table, verdict
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------

@@ -19,10 +19,10 @@ import sys
 
 import torch
 
-from configurator import ConfigError, configure, need, resolve_device
-from checkpoint import load_checkpoint, model_from_checkpoint
-import llamacpp
-from hardware import interleaved as interleaved_on, print_table, timed as timed_on, verdict
+from nanovha.config import ConfigError, configure, need, resolve_device
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha import llamacpp
+from nanovha.hardware import interleaved as interleaved_on, print_table, timed as timed_on, verdict
 from model import GPT, GPTConfig, grouped_decode_attention, sdpa
 
 # -----------------------------------------------------------------------------

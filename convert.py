@@ -5,7 +5,7 @@ Converts a trained GQA model into a smaller-KV-cache model to warm up, and says 
     python convert.py --src=Qwen3-0.6B --out_dir=out-qwen-gqa2 --n_kv_head=2 --to=gqa    # baseline: GQA 16 Q / 2 KV, mean-pooled
     python convert.py --src=out-gqa/ckpt.pt --out_dir=out-vha-conv --calib=data/shakespeare_char/val.bin
 
---src is a Hugging Face Qwen3ForCausalLM folder (checkpoint.model_from_hf) or a checkpoint this repo wrote. The source
+--src is a Hugging Face Qwen3ForCausalLM folder (qwen3.model_from_hf) or a checkpoint this repo wrote. The source
 has H_q query heads over H_src KV heads (head j reads KV head j // (H_q / H_src)); the target keeps H_q attending
 heads over H_kv KV heads, so target KV head g replaces the r = H_src / H_kv adjacent source heads g*r .. g*r + r - 1,
 exactly the ones its query heads j = g*H_p + h (H_p = H_q / H_kv) read before. Everything else (embeddings, norms,
@@ -31,9 +31,10 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from configurator import ConfigError, configure
+from nanovha.config import ConfigError, configure
 from data.common import load_tokenizer, read_bin
-from checkpoint import load_checkpoint, model_from_checkpoint, model_from_hf, model_from_state, save_checkpoint
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, model_from_state, save_checkpoint
+from nanovha.qwen3 import model_from_hf
 from model import GPTConfig, rope_cos_sin
 
 # -----------------------------------------------------------------------------

@@ -21,12 +21,13 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from configurator import ConfigError, configure
+from nanovha.config import ConfigError, configure
 from data.common import read_bin
-from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from export import gguf_export_problem, hf_compare, hf_export_problem, write_gguf, write_hf
-from health import layer_health
-import llamacpp
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from nanovha.gguf import gguf_export_problem, write_gguf
+from nanovha.qwen3 import hf_compare, hf_export_problem, write_hf
+from nanovha.health import layer_health
+from nanovha import llamacpp
 from model import GPT
 
 # -----------------------------------------------------------------------------

@@ -12,9 +12,10 @@ import time
 
 import torch
 
-from configurator import ConfigError, configure, resolve_device
+from nanovha.config import ConfigError, configure, resolve_device
 from data.common import load_tokenizer
-from checkpoint import load_checkpoint, model_from_checkpoint, model_from_hf
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha.qwen3 import model_from_hf
 
 out_dir = "out"
 ckpt_name = "ckpt.pt"

@@ -25,9 +25,8 @@ import time
 import numpy as np
 import torch
 
-from experiments import (ROOT, choose_variants, fmt, fmt_paired, load_results, mcnemar, paired, parse_command, pyplot,
-                         read_json, same_run, train, write_json, run_all)
-from checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha.experiments import choose_variants, fmt, fmt_paired, load_results, mcnemar, paired, parse_command, pyplot, read_json, ROOT, run_all, same_run, train, write_json
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from data.recall import tasks
 from model import GPT
 

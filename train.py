@@ -22,16 +22,16 @@ import torch
 from torch.distributed import destroy_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import ConfigError, configure, need, resolve_device
-from hardware import autocast_for, choose_dtype, compile_counters, gpu_spec, training_step
-from health import vha_health
+from nanovha.config import ConfigError, configure, need, resolve_device
+from nanovha.hardware import autocast_for, choose_dtype, compile_counters, gpu_spec, training_step
+from nanovha.health import vha_health
 from data.dataset import DATA_ROOT, Dataset, prepare_if_missing
-from checkpoint import (cut_log, disk_problem, load_checkpoint, load_start, model_from_checkpoint, prepare_out_dir, resume_problem,
-                        save_checkpoint)
-from distill import adamw_groups, drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
-from knobs import TOKENIZER_FIX, contradictions, kept_warmup, knob_problem, start_args, teacher_problem, vocab_mismatch, warmup_problem
+from nanovha.checkpoint import load_checkpoint, load_start, model_from_checkpoint, save_checkpoint
+from nanovha.preflight import cut_log, disk_problem, prepare_out_dir, resume_problem
+from nanovha.distill import adamw_groups, drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
+from nanovha.preflight import contradictions, kept_warmup, knob_problem, start_args, teacher_problem, TOKENIZER_FIX, vocab_mismatch, warmup_problem
 from model import GPT, GPTConfig
-from peers import PeerWatch, start_ddp
+from nanovha.peers import PeerWatch, start_ddp
 
 # -----------------------------------------------------------------------------
 # defaults (overridden by config/*.py files and --key=value); nanoGPT's names where it has the knob

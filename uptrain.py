@@ -35,8 +35,7 @@ import time
 
 import torch
 
-from experiments import (T_CRIT, fmt, fmt_paired, load_results, paired, parse_command, read_json, run_all, run_script, same_run,
-                         train, write_json)
+from nanovha.experiments import fmt, fmt_paired, load_results, paired, parse_command, read_json, run_all, run_script, same_run, T_CRIT, train, write_json
 
 # -----------------------------------------------------------------------------
 DEFAULTS = dict(

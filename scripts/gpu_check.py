@@ -49,9 +49,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from configurator import ConfigError, configure  # noqa: E402
+from nanovha.config import ConfigError, configure  # noqa: E402
 from data.common import write_split  # noqa: E402
-from hardware import gpu_spec  # noqa: E402
+from nanovha.hardware import gpu_spec  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 # -----------------------------------------------------------------------------

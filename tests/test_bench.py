@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import ROOT, run
-from configurator import configure
-from checkpoint import save_checkpoint
+from nanovha.config import configure
+from nanovha.checkpoint import save_checkpoint
 from model import GPT, GPTConfig, fold_postmix, rope_cos_sin
 from test_model import VARIANTS, make
 

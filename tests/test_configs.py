@@ -102,7 +102,7 @@ WARMUP = {n: os.path.join(ROOT, "config", f"qwen3_0p6b_{n}.py") for n in ("vha_w
 
 def test_qwen3_warmup_recipe_and_its_baseline_state_their_budget():
     """Both parse, differ only in the converted start, and their comments' arithmetic is the numbers' and model.py's."""
-    from checkpoint import qwen3_model_args
+    from nanovha.qwen3 import qwen3_model_args
     from convert import target_config
     settings = {n: load(p) for n, p in WARMUP.items()}
     assert {k: v for k, v in settings["vha_warmup"].items() if k not in ("out_dir", "init_from")} == \

@@ -9,7 +9,7 @@ import torch
 
 import convert
 from conftest import run
-from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from test_model import make
 
 CHARS = "abcdefghijklmnopqrstuvwxyz ABCDEJMORT:.\n"  # 40 characters: the tiny models' vocab

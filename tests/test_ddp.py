@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from checkpoint import load_checkpoint
+from nanovha.checkpoint import load_checkpoint
 from conftest import ROOT, TINY_MODEL, last_iter
 from test_train import read_log
 

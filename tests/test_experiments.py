@@ -2,7 +2,7 @@
 statistics (t-test, exact sign test, McNemar) give the textbook numbers."""
 import pytest
 
-import experiments
+from nanovha import experiments
 
 
 def test_a_moved_run_is_the_same_run_but_other_settings_are_refused(tmp_path):

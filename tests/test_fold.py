@@ -9,12 +9,12 @@ from dataclasses import asdict
 import pytest
 import torch
 
-import export
+from nanovha import qwen3
 import fold
 from conftest import TINY_MODEL, run
 from data.common import gpt2_encoding, gpt2_meta, load_tokenizer
-from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
-from health import vha_health
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
+from nanovha.health import vha_health
 from model import GPT, GPTConfig
 from test_model import make
 
@@ -290,17 +290,17 @@ def test_the_transformers_check_sees_a_wrong_export(tmp_path, monkeypatch):
     hf_dir = export_with_meta(str(tmp_path), meta, meta["vocab_size"])
     ours = model_from_checkpoint(load_checkpoint(os.path.join(str(tmp_path), "ckpt.pt"))).eval()
     tokens = load_tokenizer(meta)[0](TEXT)[:40]
-    worst, scale, diverged, same_text = export.hf_compare(hf_dir, ours, meta, tokens, 20)
+    worst, scale, diverged, same_text = qwen3.hf_compare(hf_dir, ours, meta, tokens, 20)
     assert worst <= 1e-4 * scale and diverged is None and same_text is True
     with torch.no_grad():
         ours.norm.weight.mul_(torch.randn(ours.norm.weight.shape, generator=torch.Generator().manual_seed(0)))  # no longer the export
-    worst, scale, diverged, same_text = export.hf_compare(hf_dir, ours, meta, tokens, 20)
+    worst, scale, diverged, same_text = qwen3.hf_compare(hf_dir, ours, meta, tokens, 20)
     assert worst > 1e-2 * scale and diverged is not None and same_text is False
 
 
 def test_hf_names_cover_every_weight():
     model = make(attn="gqa", n_head=4, n_kv_head=2, tie_embeddings=False)
-    names = [export.hf_name(n) for n in split_projections(model.state_dict(), model.cfg)]
+    names = [qwen3.hf_name(n) for n in split_projections(model.state_dict(), model.cfg)]
     assert len(set(names)) == len(names) and "model.layers.1.self_attn.k_norm.weight" in names
     assert {"model.layers.1.self_attn.v_proj.weight", "model.layers.0.mlp.up_proj.weight"} <= set(names)
     assert all(n.startswith(("model.layers.", "model.embed_tokens", "model.norm", "lm_head")) for n in names)
@@ -367,24 +367,3 @@ def test_hf_export_of_a_recall_model_says_why_there_is_no_tokenizer(tmp_path, ca
     hf_dir = export_with_meta(str(tmp_path), {"tokenizer": "rows", "vocab_size": 40, "rows": {"task": "mqar"}}, 40)
     assert "tokenizer.json" not in os.listdir(hf_dir)
     assert "no text tokenizer" in capsys.readouterr().out and "no tokenizer (" in open(os.path.join(hf_dir, "README.md")).read()
-
-
-def test_a_checkpoint_from_before_the_padding_folds_and_exports(tmp_path, monkeypatch):
-    """An old checkpoint (embed/lm_head with only the vocab's 37 rows) is padded on load, folds exactly, keeps
-    the padding in the folded checkpoint, and exports with the 37 rows and our logits."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    transformers = pytest.importorskip("transformers")
-    ours, path = save_tiny(str(tmp_path), attn="vha", n_head=4, n_kv_head=2, tie_embeddings=False)
-    ckpt = load_checkpoint(path)
-    ckpt["model"] = {k: v[:37] if k in ("embed.weight", "lm_head.weight") else v for k, v in ckpt["model"].items()}
-    save_checkpoint(ckpt, path)
-    fold.main([f"--out_dir={tmp_path}", f"--export_hf={tmp_path}/hf", "--gen_tokens=10"])  # exits unless the fold is exact
-    folded = model_from_checkpoint(load_checkpoint(str(tmp_path / "ckpt_folded.pt")))
-    assert folded.lm_head.weight.shape == (64, 64) and torch.count_nonzero(folded.lm_head.weight[37:]) == 0
-    hf = transformers.Qwen3ForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
-    assert hf.config.vocab_size == 37 and hf.get_output_embeddings().weight.shape == (37, 64)
-    x = torch.randint(0, 37, (2, 30), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        assert (ours(x)[0] - hf(x).logits).abs().max() <= 1e-4
-        assert torch.equal(ours.generate(x[:1, :5], 10, temperature=0), hf.generate(x[:1, :5], max_new_tokens=10, do_sample=False,
-                                                                               min_new_tokens=10))

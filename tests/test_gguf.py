@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-import export
+from nanovha import gguf as gguf_export
 import fold
 from conftest import TINY_MODEL, run
-from checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from data.common import load_tokenizer, prepare_string
 from test_model import make
 
@@ -178,7 +178,7 @@ def test_gguf_file_has_qwen3_keys_tensors_and_the_char_vocab(tmp_path):
 
 
 def test_gpt2_vocab_is_tiktoken_spelled_byte_level():
-    v = export.gpt2_vocab()
+    v = gguf_export.gpt2_vocab()
     assert len(v["tokens"]) == 50257 and v["tokens"][50256] == "<|endoftext|>" and v["types"][50256] == 3
     assert v["tokens"][262] == "Ġthe" and v["merges"][0] == "Ġ t" and v["bos"] == v["eos"] == 50256
 
@@ -207,7 +207,7 @@ def test_what_cannot_be_exported_is_refused_in_one_line(tmp_path):
     refuse([f"--out_dir={d}/other", f"--export_gguf={d}/x.gguf"], "the tokenizer has 3 tokens but the model 37", d)
     refuse([f"--out_dir={d}/ok", f"--export_gguf={d}/ok"], "is a folder", d)
     with pytest.raises(ValueError, match="fold it first"):  # the library refuses unfolded VHA weights
-        export.write_gguf(make(attn="vha", n_head=4, n_kv_head=2), f"{d}/x.gguf", None)
+        gguf_export.write_gguf(make(attn="vha", n_head=4, n_kv_head=2), f"{d}/x.gguf", None)
     assert not os.path.exists(f"{d}/x.gguf")
 
 

@@ -3,7 +3,7 @@ is timed), and the GPU spec table read by exact device names."""
 import pytest
 import torch
 
-import hardware
+from nanovha import hardware
 from conftest import TINY_MODEL, run
 
 

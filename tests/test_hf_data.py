@@ -15,7 +15,8 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from conftest import ROOT, run, tiny_text
-from checkpoint import model_from_hf, vocab_problem
+from nanovha.preflight import vocab_problem
+from nanovha.qwen3 import model_from_hf
 from data import common
 from data.dataset import Dataset
 from test_hf_import import save_qwen3

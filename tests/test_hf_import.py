@@ -1,4 +1,4 @@
-"""Hugging Face Qwen3 import (checkpoint.model_from_hf): a random Qwen3 that transformers creates and saves gives
+"""Hugging Face Qwen3 import (qwen3.model_from_hf): a random Qwen3 that transformers creates and saves gives
 transformers' logits here; what this repo cannot express is refused by name; sample.py uses the folder's tokenizer."""
 import json
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import run
-from checkpoint import load_checkpoint, model_from_checkpoint, model_from_hf
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha.qwen3 import model_from_hf
 
 transformers = pytest.importorskip("transformers", reason="the Qwen3 import tests need transformers (pip install transformers)")
 CHARS = "abcdefghijklmnopqrstuvwxyz .,:;!?\n'ROMEJULIT"

@@ -1,12 +1,11 @@
 import math
-from dataclasses import asdict
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from checkpoint import fuse_projections, is_unpadded, model_from_checkpoint, split_projections
-from health import vha_health
+from nanovha.checkpoint import fuse_projections, split_projections
+from nanovha.health import vha_health
 from model import GPT, GPTConfig, grouped_decode_attention, plain_attention, rope_cos_sin
 
 VARIANTS = {
@@ -296,24 +295,6 @@ def test_padded_logits_loss_and_gradients_equal_the_unpadded_model_float64(tied)
     loss.backward()
     for w in (model.embed.weight, model.lm_head.weight):  # never looked up, sliced off: no gradient
         assert torch.count_nonzero(w.grad[37:]) == 0 and torch.count_nonzero(w.grad[:37]) > 0
-
-
-@pytest.mark.parametrize("name", ["gqa", "vha"])
-@pytest.mark.parametrize("tied", [True, False])
-def test_a_checkpoint_from_before_the_padding_loads_with_the_same_logits(name, tied):
-    """Old checkpoints hold vocab_size rows of embed/lm_head (and separate projections, older still): zero rows
-    are added on load, and the logits are the same."""
-    model = make(dtype=torch.float32, vocab_size=37, tie_embeddings=tied, **VARIANTS[name])  # what checkpoints hold
-    V, x = 37, torch.randint(0, 37, (2, 11))
-    for old in (model.state_dict(), split_projections(model.state_dict(), model.cfg)):
-        old = {k: v[:V] if k in ("embed.weight", "lm_head.weight") else v for k, v in old.items()}
-        ckpt = {"model": old, "model_args": asdict(model.cfg)}
-        assert is_unpadded(ckpt) and not is_unpadded({"model": model.state_dict(), "model_args": asdict(model.cfg)})
-        loaded = model_from_checkpoint(ckpt).eval()
-        assert loaded.embed.weight.shape == loaded.lm_head.weight.shape == (64, 64)
-        assert torch.count_nonzero(loaded.lm_head.weight[V:]) == 0 and torch.equal(loaded.lm_head.weight[:V], model.lm_head.weight[:V])
-        assert torch.allclose(loaded(x)[0], model(x)[0], rtol=0, atol=1e-12)
-    assert not is_unpadded({"model": make(vocab_size=128, **VARIANTS["gqa"]).state_dict(), "model_args": {"vocab_size": 128}})  # nothing to pad
 
 
 def test_one_seed_gives_variants_the_same_init_where_shapes_agree():

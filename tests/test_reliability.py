@@ -306,38 +306,6 @@ def test_sample_from_a_bad_checkpoint(copy, case):
     fails(run("sample.py", f"--out_dir={copy}", "--max_new_tokens=5"), *needles)
 
 
-def unfused(path):
-    """Rewrites ckpt.pt as a checkpoint from before the fused projections: separate q/k/v and gate/up weights."""
-    from checkpoint import model_from_checkpoint, split_projections
-    ckpt = torch.load(path, weights_only=False)
-    ckpt["model"] = split_projections(ckpt["model"], model_from_checkpoint(ckpt).cfg)
-    assert "blocks.0.attn.q_proj.weight" in ckpt["model"]
-    torch.save(ckpt, path)
-
-
-def unpadded(path):
-    """Rewrites ckpt.pt as a checkpoint from before the vocab padding: embed/lm_head with only vocab_size rows."""
-    ckpt = torch.load(path, weights_only=False)
-    V = ckpt["model_args"]["vocab_size"]
-    assert ckpt["model"]["embed.weight"].size(0) > V  # the tiny text's characters are not a multiple of 64
-    ckpt["model"] = {k: v[:V] if k in ("embed.weight", "lm_head.weight") else v for k, v in ckpt["model"].items()}
-    torch.save(ckpt, path)
-
-
-@pytest.mark.parametrize("old, refusal", [(unfused, "written before q/k/v and gate/up were fused"),
-                                          (unpadded, "written before the vocab was padded")], ids=["unfused", "unpadded"])
-def test_a_checkpoint_from_before_the_fused_projections_or_the_padding_samples_the_same_and_refuses_to_resume(char_data, copy, old, refusal):
-    sample = ("sample.py", f"--out_dir={copy}", "--max_new_tokens=30", "--temperature=0", "--start=ROMEO:")
-    def text(proc):  # the generated text, not the timing line
-        return [line for line in ok(proc).stdout.splitlines() if "tok/s" not in line]
-    new_text = text(run(*sample))
-    old(os.path.join(copy, "ckpt.pt"))
-    assert text(run(*sample)) == new_text  # converted on load: the same weights, the same tokens
-    before = snapshot(copy)
-    fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume")), refusal, "start a new run")
-    assert snapshot(copy) == before
-
-
 def test_resume_from_a_model_only_checkpoint(char_data, copy):
     model_only(os.path.join(copy, "ckpt.pt"))
     fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume")),
@@ -381,7 +349,7 @@ def test_bad_sample_input(trained, args, needles):
 # the configurator itself (what train.py, sample.py and fold.py turn into one error line)
 
 def test_configurator_rejects_none_broken_files_and_unknown_devices(tmp_path):
-    from configurator import ConfigError, configure, resolve_device
+    from nanovha.config import ConfigError, configure, resolve_device
     defaults = {"batch_size": 16, "compile": None, "top_k": 200}
     optional = {"compile": bool, "top_k": int}
     assert configure(defaults, ["--compile=True", "--top_k=None"], optional) == {"batch_size": 16, "compile": True, "top_k": None}

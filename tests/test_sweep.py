@@ -11,7 +11,7 @@ import pytest
 
 import sweep
 from conftest import run
-from experiments import read_json
+from nanovha.experiments import read_json
 
 ENV = {"OMP_NUM_THREADS": "1"}  # tiny models: a second thread only fights over a shared CPU
 

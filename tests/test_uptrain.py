@@ -9,7 +9,7 @@ import pytest
 
 import uptrain
 from conftest import run
-from experiments import read_json
+from nanovha.experiments import read_json
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TINY_MODEL, run
-from checkpoint import load_checkpoint, save_checkpoint
-from distill import frozen_params, is_attention, kd_loss
+from nanovha.checkpoint import load_checkpoint, save_checkpoint
+from nanovha.distill import frozen_params, is_attention, kd_loss
 from test_model import make
 from test_reliability import fails, snapshot
 from test_train import losses, read_log

@@ -1,20 +1,142 @@
 """
-Exporters for a plain GQA model (a folded VHA one is exactly that), called by fold.py after the fold is proved:
+Our model as a Hugging Face Qwen3ForCausalLM, both ways, and the outputs any Qwen3 runtime must reproduce:
 
-    write_hf(model, folder, meta, source)     a Hugging Face Qwen3ForCausalLM folder (transformers, lm-eval, ...)
-    write_gguf(model, path, meta, dtype)      one GGUF file, architecture qwen3, for llama.cpp
+    model, meta = model_from_hf(folder)        # a Qwen3 folder (config.json + safetensors) -> GPT, tokenizer meta
+    write_hf(model, folder, meta, source)      # a plain GQA model (folded VHA) -> a folder transformers and lm-eval load
+    hf_compare(folder, model, meta, ...)       # transformers running that folder against our logits and greedy text
 
-Both write Qwen3's layout: q/k/v and gate/up as separate matrices, RMSNorm, QK-norm, rotate-half RoPE, SwiGLU;
-our padded vocab rows stay behind. The tokenizer travels with the weights, built offline from the dataset's meta.
+Qwen3's layout: q/k/v and gate/up as separate matrices (split_projections), RMSNorm, QK-norm, rotate-half RoPE,
+SwiGLU; our padded vocab rows stay behind. The tokenizer travels with the weights, built offline from the meta.
 """
 import json
 import os
 
-import numpy as np
 import torch
 
-from checkpoint import VOCAB_ROWS, hf_name, renamed, split_projections
-from data.common import gpt2_encoding, load_tokenizer
+from data.common import gpt2_encoding, hf_tokenizer_files, hf_tokenizer_sha256, load_tokenizer
+from model import GPTConfig
+from nanovha.checkpoint import VOCAB_ROWS, fuse_projections, model_from_state, pad_vocab, split_projections
+
+# our parameter names <-> Qwen3ForCausalLM's
+HF_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
+HF_LAYER = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
+            "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj", "attn.v_proj": "self_attn.v_proj",
+            "attn.o_proj": "self_attn.o_proj", "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
+            "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.up_proj", "mlp.down_proj": "mlp.down_proj"}
+OUR_TOP, OUR_LAYER = ({v: k for k, v in names.items()} for names in (HF_TOP, HF_LAYER))
+
+
+def renamed(name, top, layer_modules, layer_prefix):
+    """One of our parameter names in another format's scheme: 'blocks.3.attn.q_proj.weight' ->
+    f'{layer_prefix}.3.{layer_modules["attn.q_proj"]}.weight'; names outside the blocks through `top`."""
+    if not name.startswith("blocks."):
+        return top[name]
+    _, layer, rest = name.split(".", 2)
+    module, param = rest.rsplit(".", 1)
+    return f"{layer_prefix}.{layer}.{layer_modules[module]}.{param}"
+
+
+def hf_name(name):
+    """'blocks.3.attn.q_proj.weight' -> 'model.layers.3.self_attn.q_proj.weight'."""
+    return renamed(name, HF_TOP, HF_LAYER, "model.layers")
+
+
+# Qwen3Config's defaults (transformers 5.x), for fields a config.json leaves out
+QWEN3_DEFAULTS = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                      num_attention_heads=32, head_dim=128, hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6,
+                      tie_word_embeddings=False, attention_bias=False, use_sliding_window=False, sliding_window=4096,
+                      max_window_layers=28, attention_dropout=0.0)
+
+
+def our_name(hf_name):
+    """'model.layers.3.self_attn.q_proj.weight' -> 'blocks.3.attn.q_proj.weight' (None: not a Qwen3 weight)."""
+    if not hf_name.startswith("model.layers."):
+        return OUR_TOP.get(hf_name)
+    layer, rest = hf_name[len("model.layers."):].split(".", 1)
+    module, param = rest.rsplit(".", 1)
+    return f"blocks.{layer}.{OUR_LAYER[module]}.{param}" if module in OUR_LAYER and param == "weight" else None
+
+
+def qwen3_model_args(hf):
+    """A Qwen3ForCausalLM config.json (dict) -> GPTConfig kwargs. Every field that changes the math maps to one of
+    ours or raises ValueError naming it; the rest (dtype, use_cache, token ids, initializer_range) do not."""
+    c = {**QWEN3_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
+    rope, scaling = c.get("rope_parameters") or {}, c.get("rope_scaling") or {}  # 5.x name, 4.x name
+    rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    n_layer = c["num_hidden_layers"]
+    windowed = c["use_sliding_window"] and c["sliding_window"] is not None  # Qwen3Config.__post_init__'s rule
+    layer_types = c.get("layer_types") or ["sliding_attention" if windowed and i >= c["max_window_layers"] else "full_attention"
+                                           for i in range(n_layer)]
+    refused = [  # (field, ok, why): each a one-line error naming the field and what to do
+        ("model_type", c["model_type"] == "qwen3", f"is {c['model_type']!r}: only Qwen3ForCausalLM folders import (model_type 'qwen3')"),
+        ("attention_bias", not c["attention_bias"], "=True: q/k/v/o have biases, this repo's projections have none"),
+        ("hidden_act", c["hidden_act"] == "silu", f"={c['hidden_act']!r}: the MLP here is SwiGLU with silu only"),
+        ("rope_scaling", rope_type == "default", f"rope_type={rope_type!r}: only plain RoPE is implemented here; drop the scaling "
+                                                 "(the model then runs at its pretraining context)"),
+        ("partial_rotary_factor", {**scaling, **rope}.get("partial_rotary_factor", 1.0) == 1.0, "!= 1: RoPE here rotates the whole head_dim"),
+        ("layer_types", all(t == "full_attention" for t in layer_types), "has sliding-window layers (use_sliding_window / "
+                                                                          "max_window_layers): every layer here attends to the whole context"),
+        ("attention_dropout", c["attention_dropout"] == 0, "!= 0: dropout here is one rate for attention and residuals; set it to 0.0"),
+    ]
+    for field, ok, why in refused:
+        if not ok:
+            raise ValueError(f"config.json {field} {why}")
+    heads = c["num_attention_heads"]
+    return dict(vocab_size=c["vocab_size"], block_size=c["max_position_embeddings"], n_layer=n_layer, n_embd=c["hidden_size"],
+                n_head=heads, n_kv_head=c.get("num_key_value_heads") or heads, head_dim=c["head_dim"],
+                mlp_hidden=c["intermediate_size"], rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
+                qk_norm=True, tie_embeddings=bool(c["tie_word_embeddings"]), norm_eps=float(c["rms_norm_eps"]), attn="gqa")
+
+
+def read_safetensors(folder):
+    """Every tensor of a folder's model.safetensors, or of the shards its model.safetensors.index.json lists."""
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise ImportError("importing a Hugging Face folder needs safetensors: pip install safetensors") from None
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    missing = [n for n in files if not os.path.isfile(os.path.join(folder, n))]
+    if missing:
+        raise FileNotFoundError(f"{folder} has no {missing[0]}: copy the whole Hugging Face folder (safetensors weights; "
+                                f".bin weights: re-save them with save_pretrained(safe_serialization=True))")
+    return {k: v for n in files for k, v in load_file(os.path.join(folder, n)).items()}
+
+
+def model_from_hf(folder, device="cpu"):
+    """A Hugging Face Qwen3ForCausalLM folder (config.json + safetensors) -> (GPT in float32, meta). meta carries the
+    folder's tokenizer files (bytes) so that a checkpoint built from it can still encode and decode text."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path} not found: give a Hugging Face model folder (config.json + model.safetensors)")
+    with open(path) as f:
+        cfg = GPTConfig(**qwen3_model_args(json.load(f)))
+    state = {}
+    for hf_key, t in read_safetensors(folder).items():
+        if (key := our_name(hf_key)) is None:
+            raise ValueError(f"{folder}: weight {hf_key!r} is not part of a Qwen3ForCausalLM this repo can build "
+                             f"(a bias, an adapter, a vision tower?); merge or drop it first")
+        state[key] = t.float()  # bf16 checkpoints become float32: exact
+    if cfg.tie_embeddings:  # tied: the export may omit lm_head, or hold a copy; the embedding is the one weight
+        state.pop("lm_head.weight", None)
+    state = pad_vocab(fuse_projections(state), cfg)  # q/k/v and gate/up rows stacked; vocab rows padded to a multiple of 64
+    if cfg.tie_embeddings and "embed.weight" in state:
+        state["lm_head.weight"] = state["embed.weight"]
+    try:
+        model = model_from_state(cfg, state, device)
+    except RuntimeError as e:
+        raise ValueError(f"{folder}: the weights do not fit config.json ({str(e).strip().splitlines()[0][:200]})") from None
+    files = hf_tokenizer_files(folder)  # the same files data/*/prepare.py --tokenizer=hf reads: the same fingerprint
+    # vocab_size: the model's rows (config.json; Qwen3: 151,936), which may exceed the tokenizer's ids (~151,669): data
+    # prepared with this tokenizer has the smaller vocab_size, and vocab_problem takes it as long as the files match
+    meta = {"tokenizer": "hf", "vocab_size": cfg.vocab_size, "hf_tokenizer_files": files or None,
+            "hf_tokenizer_sha256": hf_tokenizer_sha256(files), "source": f"Hugging Face folder {os.path.abspath(folder)}"}
+    return model, meta
+
 
 
 def qwen3_problem(cfg, flag):
@@ -43,9 +165,6 @@ def qwen3_state(model):
 
 def tokenizer_kind(meta):
     return (meta or {}).get("tokenizer", "char" if "stoi" in (meta or {}) else None)
-
-
-# ---- Hugging Face: our names -> Qwen3ForCausalLM's (checkpoint.hf_name, whose map model_from_hf inverts) ----
 
 
 def hf_export_problem(cfg):
@@ -204,169 +323,3 @@ def hf_compare(folder, model, meta, tokens, gen_tokens):
     return (ours - theirs).abs().max().item(), ours.abs().max().item(), diverged, same_text
 
 
-# ---- GGUF (llama.cpp): our names -> llama.cpp's qwen3 tensors ----
-GGUF_TOP = {"embed.weight": "token_embd.weight", "norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
-GGUF_LAYER = {"attn_norm": "attn_norm", "mlp_norm": "ffn_norm", "attn.q_proj": "attn_q", "attn.k_proj": "attn_k",
-              "attn.v_proj": "attn_v", "attn.o_proj": "attn_output", "attn.q_norm": "attn_q_norm", "attn.k_norm": "attn_k_norm",
-              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-GGUF_DTYPES = ("float32", "float16", "bfloat16")
-
-
-def gguf_name(name):
-    """'blocks.3.attn.q_proj.weight' -> 'blk.3.attn_q.weight'."""
-    return renamed(name, GGUF_TOP, GGUF_LAYER, "blk")
-
-
-def bytes_to_unicode():
-    """GPT-2's byte -> printable character map: byte-level BPE vocabularies spell every token with these."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    extra = [b for b in range(256) if b not in keep]
-    return dict(zip(keep + extra, map(chr, keep + [256 + i for i in range(len(extra))])))
-
-
-def gpt2_vocab():
-    """GPT-2 BPE as llama.cpp's 'gpt2' tokenizer: tokens spelled in byte-level characters ('Ġthe'), the merges
-    recovered from tiktoken's ranks (every split of a token into two tokens, lower ranks first: the same rule
-    transformers' TikTokenConverter uses), and <|endoftext|> as the one control token."""
-    enc, byte_char = gpt2_encoding(), bytes_to_unicode()
-    ranks = enc._mergeable_ranks  # bytes -> id, ids 0..50255
-    spell = lambda b: "".join(byte_char[x] for x in b)
-    tokens = [spell(b) for b, _ in sorted(ranks.items(), key=lambda kv: kv[1])] + ["<|endoftext|>"]
-    merges = []
-    for token, rank in ranks.items():
-        pairs = [(token[:i], token[i:]) for i in range(1, len(token)) if token[:i] in ranks and token[i:] in ranks]
-        merges += [(rank, ranks[a], ranks[b], f"{spell(a)} {spell(b)}") for a, b in pairs]
-    types = [1] * len(ranks) + [3]  # gguf.TokenType: NORMAL, CONTROL
-    assert len(tokens) == enc.n_vocab and enc.eot_token == len(ranks)
-    return dict(model="gpt2", pre="gpt-2", tokens=tokens, types=types, merges=[m[3] for m in sorted(merges)],
-                bos=enc.eot_token, eos=enc.eot_token)
-
-
-def rwkv_spelling(ch):
-    """A character as llama.cpp's RWKV tokenizer reads a token: its text goes through an unescaper that knows
-    backslash-t, -n, -r, -xNN (lowercase hex) and a backslash before any other character (itself)."""
-    named = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-    return named.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch)
-
-
-def utf8(text):
-    try:
-        return bool(text.encode("utf-8"))
-    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 spelling, and GGUF strings are UTF-8
-        return False
-
-
-def char_vocab(meta):
-    """A char vocabulary as llama.cpp's 'rwkv' tokenizer: a trie of the tokens' bytes, longest match first, so a
-    vocabulary of single characters tokenizes character by character, and it has no default BOS/EOS. (As a
-    'gpt2' BPE with no merges it would tokenize the same, but llama.cpp then makes id 11 BOS and EOS when the
-    file names none, a real character here, and generation would stop at it.) Raises ValueError for a token
-    that is not exactly one character or not valid UTF-8."""
-    itos = {int(i): ch for i, ch in meta["itos"].items()}
-    if sorted(itos) != list(range(len(itos))):
-        raise ValueError("--export_gguf: the char vocab's ids are not 0..n-1; re-prepare the dataset")
-    bad = [ch for ch in itos.values() if len(ch) != 1 or not utf8(ch)]
-    if bad:
-        raise ValueError(f"--export_gguf: the char vocab holds {', '.join(map(repr, bad[:5]))}, which llama.cpp cannot "
-                         f"read as one character each (UTF-8 text, one character per token); re-prepare the dataset without them")
-    return dict(model="rwkv", pre=None, tokens=[rwkv_spelling(itos[i]) for i in range(len(itos))], types=[1] * len(itos),
-                merges=None, bos=None, eos=None)
-
-
-def id_vocab(vocab_size):
-    """Stand-in tokens '[0]' .. '[n-1]' (rwkv trie) for a model without a text tokenizer: llama.cpp needs a vocab
-    of the model's size to load it ('no_vocab' has none); feed it token ids."""
-    return dict(model="rwkv", pre=None, tokens=[f"[{i}]" for i in range(vocab_size)], types=[1] * vocab_size,
-                merges=None, bos=None, eos=None)
-
-
-def gguf_vocab(meta, vocab_size):
-    """(tokenizer fields for write_gguf; a note when they are stand-ins, or None)."""
-    kind = tokenizer_kind(meta)
-    if kind == "gpt2":
-        return gpt2_vocab(), None
-    if kind == "char":
-        return char_vocab(meta), None
-    why = "its dataset is synthetic recall rows" if kind == "rows" else "the checkpoint carries no dataset meta"
-    return id_vocab(vocab_size), f"{why}: written with stand-in tokens '[0]'..'[{vocab_size - 1}]' (feed token ids)"
-
-
-def gguf_export_problem(cfg, meta, dtype):
-    """Why the model cannot be written as GGUF, or None (checked before anything is written)."""
-    if problem := qwen3_problem(cfg, "--export_gguf"):
-        return problem
-    if dtype not in GGUF_DTYPES:
-        return f"--gguf_dtype must be one of {', '.join(GGUF_DTYPES)}, got {dtype!r}"
-    try:
-        import gguf  # noqa: F401  (optional: the GGUF writer of the llama.cpp project)
-    except ImportError:
-        return "--export_gguf needs the gguf package: pip install -r requirements-dev.txt (or pip install gguf)"
-    try:
-        vocab, _ = gguf_vocab(meta, cfg.vocab_size)
-    except ValueError as e:
-        return str(e)
-    if len(vocab["tokens"]) != cfg.vocab_size:
-        return (f"--export_gguf: the tokenizer has {len(vocab['tokens'])} tokens but the model {cfg.vocab_size}: "
-                f"the checkpoint's meta is not its dataset's; export a checkpoint trained on this data")
-    return None
-
-
-def add_tokenizer(writer, vocab):
-    """The tokenizer's GGUF keys."""
-    writer.add_tokenizer_model(vocab["model"])
-    if vocab["pre"]:
-        writer.add_tokenizer_pre(vocab["pre"])
-    writer.add_token_list(vocab["tokens"])
-    writer.add_token_types(vocab["types"])
-    if vocab["merges"] is not None:
-        writer.add_token_merges(vocab["merges"])
-    if vocab["bos"] is not None:
-        writer.add_bos_token_id(vocab["bos"])
-        writer.add_eos_token_id(vocab["eos"])
-    writer.add_add_bos_token(False)  # we never trained with a BOS token in front
-
-
-def write_gguf(model, path, meta, dtype="float32"):
-    """One GGUF file, architecture qwen3, that llama.cpp loads as it loads Qwen3: the weights in dtype (norm
-    weights stay float32, as llama.cpp's converter keeps 1-D tensors) and the dataset's tokenizer. Written to a
-    temp file, then renamed. Returns a note (why the tokens are stand-ins), or None."""
-    import gguf
-    c = model.cfg
-    if problem := qwen3_problem(c, "--export_gguf"):
-        raise ValueError(problem)
-    vocab, note = gguf_vocab(meta, c.vocab_size)
-    w = gguf.GGUFWriter(None, "qwen3")
-    w.add_name(os.path.splitext(os.path.basename(path))[0])
-    w.add_file_type({"float32": 0, "float16": 1, "bfloat16": 32}[dtype])  # gguf.LlamaFileType
-    w.add_context_length(c.block_size)
-    w.add_embedding_length(c.n_embd)
-    w.add_block_count(c.n_layer)
-    w.add_feed_forward_length(c.mlp_hidden)
-    w.add_head_count(c.n_head)
-    w.add_head_count_kv(c.n_kv_head)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_rope_freq_base(c.rope_theta)
-    w.add_layer_norm_rms_eps(c.norm_eps)
-    add_tokenizer(w, vocab)
-    for name, p in qwen3_state(model).items():
-        x = p.numpy()
-        if p.dim() == 1 or dtype == "float32":
-            w.add_tensor(gguf_name(name), x)
-        elif dtype == "float16":
-            w.add_tensor(gguf_name(name), x.astype(np.float16))
-        else:  # bf16 bits, rounded to nearest even like torch and ggml
-            w.add_tensor(gguf_name(name), gguf.quants.quantize(x, gguf.GGMLQuantizationType.BF16),
-                         raw_dtype=gguf.GGMLQuantizationType.BF16)
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".tmp{os.getpid()}_{os.path.basename(path)}")
-    try:
-        w.write_header_to_file(tmp)
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return note

@@ -1,6 +1,6 @@
 """
 llama.cpp (through llama-cpp-python) as a second CPU runtime for one of our plain GQA models, for bench_decode.py:
-the model is written as GGUF by export.write_gguf, the context is filled by a real prefill (llama.cpp's cache
+the model is written as GGUF by gguf.write_gguf, the context is filled by a real prefill (llama.cpp's cache
 cannot be written from outside), then tokens are decoded one at a time, each a llama_decode of one token.
 
     runner = LlamaCpp(model, meta, threads=2)   # None meta: stand-in tokens '[0]', '[1]', ... (speed ignores them)
@@ -14,7 +14,8 @@ import time
 
 import torch
 
-from export import first_mismatch, reference, write_gguf
+from nanovha.gguf import write_gguf
+from nanovha.qwen3 import first_mismatch, reference
 
 
 def version():
@@ -87,7 +88,7 @@ class LlamaCpp:
 @torch.no_grad()
 def compare(path, model, tokens, gen_tokens, threads=1):
     """llama.cpp running the GGUF file at path (with an f32 KV cache) against model (ours, float32 or float64) on
-    export.reference's logits and greedy ids. -> (max |logit difference|, largest |logit|, None if gen_tokens greedy
+    qwen3.reference's logits and greedy ids. -> (max |logit difference|, largest |logit|, None if gen_tokens greedy
     tokens are identical, else the index of the first that differs)."""
     import llama_cpp
     ours, prompt, expected = reference(model, tokens, gen_tokens)

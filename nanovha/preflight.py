@@ -1,12 +1,17 @@
 """
-What train.py checks in its settings before it reads any data or model: each problem is one line naming the knob and
-the fix. `c` is train.py's config dict (its defaults updated by config files and --key=value).
+What train.py checks before it starts: its knobs, the out_dir, the checkpoint it resumes or starts from, the teacher,
+the tokenizers, the disk. Each problem is one line naming the knob and the fix. `c` is train.py's config dict (its
+defaults updated by config files and --key=value).
 """
+import json
 import os
+import shutil
+import tempfile
 
-from checkpoint import start_path, vocab_problem
+from data.common import hf_tokenizer_sha256
 from data.recall import tasks as recall_tasks
 from model import GPTConfig
+from nanovha.checkpoint import start_path
 
 TOKENIZER_FIX = ("prepare the data with the model's tokenizer (a Hugging Face model: data/fineweb_edu/prepare.py --tokenizer=hf "
                  "--hf_tokenizer=FOLDER; docs/convert.md#warm-up)")
@@ -98,4 +103,85 @@ def teacher_problem(teacher, meta, name, data_meta, data_dir, seq_len, fix=TOKEN
         return problem
     if teacher.cfg.block_size < seq_len:
         return f"the teacher {name} takes sequences of at most {teacher.cfg.block_size} tokens, this run's are {seq_len}; lower --block_size"
+    return None
+
+
+def resume_problem(ckpt, path):
+    """Why train.py cannot continue this checkpoint (its optimizer state must match the model's parameters),
+    or None. The message starts with the path: "cannot resume " + it reads as one line."""
+    missing = [k for k in ("optimizer", "iter_num", "best_val_loss", "meta") if k not in ckpt]
+    if missing:
+        return (f"{path}: it has no {', '.join(missing)}: it is a model-only checkpoint (e.g. folded), not one train.py "
+                f"wrote; start a new run with --init_from=scratch in another --out_dir")
+    return None
+
+
+def vocab_problem(meta_a, name_a, meta_b, name_b):
+    """Why a model trained on meta_a's tokens cannot read meta_b's data (or be compared with a model of it), or None.
+    The same tokenizer kind and vocab_size, and the same characters (char) or task spec (rows); for Hugging Face
+    tokenizers (hf) the same tokenizer files (data.common.hf_tokenizer_sha256: two tokenizers of one size differ) and
+    meta_b's ids inside meta_a's vocab (a Qwen3 model has 151,936 rows, its tokenizer ~151,669 ids)."""
+    if meta_a.get("tokenizer") == meta_b.get("tokenizer") == "hf":
+        return hf_vocab_problem(meta_a, name_a, meta_b, name_b)
+    a, b = [(m.get("tokenizer"), m["vocab_size"], m.get("stoi") or m.get("rows")) for m in (meta_a, meta_b)]
+    if a == b:
+        return None
+    other = ("other characters" if a[0] == "char" else "another recall task spec") if a[:2] == b[:2] else f"the {b[0]} tokenizer ({b[1]} tokens)"
+    return f"vocab mismatch: {name_a} was trained with the {a[0]} tokenizer ({a[1]} tokens) but {name_b} has {other}"
+
+
+def hf_vocab_problem(meta_a, name_a, meta_b, name_b):
+    """vocab_problem for two Hugging Face tokenizer metas."""
+    (sha_a, va), (sha_b, vb) = [(hf_tokenizer_sha256(m.get("hf_tokenizer_files")), m["vocab_size"]) for m in (meta_a, meta_b)]
+    if sha_a is None or sha_b is None:
+        return (f"vocab mismatch: {name_a if sha_a is None else name_b} carries no Hugging Face tokenizer files (its folder had "
+                f"no tokenizer.json), so its ids cannot be checked; copy the tokenizer files into the folder and import it again")
+    if sha_a != sha_b:
+        return (f"vocab mismatch: {name_a} was trained with another Hugging Face tokenizer than {name_b}'s (tokenizer "
+                f"sha256 {sha_a[:12]} vs {sha_b[:12]}, {va} vs {vb} tokens)")
+    if vb > va:
+        return f"vocab mismatch: {name_b} has ids up to {vb - 1}, past the {va} rows of {name_a}"
+    return None
+
+
+def prepare_out_dir(out_dir, ckpt_path, resuming):
+    """Before any data or training: out_dir exists and is writable, the temp file of a checkpoint write that a crash
+    cut short is gone, and a new run will not overwrite a checkpoint. Raises ValueError."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        raise ValueError(f"out_dir {out_dir!r} is not writable ({e.strerror}); choose another --out_dir") from None
+    for name in os.listdir(out_dir):
+        if name.startswith(".tmp_" + os.path.basename(ckpt_path)):
+            os.remove(os.path.join(out_dir, name))
+    if not resuming and os.path.exists(ckpt_path):
+        raise ValueError(f"{ckpt_path} exists and init_from='scratch' would overwrite it; continue it with "
+                         f"--init_from=resume, or choose a new --out_dir (or delete it)")
+
+
+def cut_log(log_path, iter_num):
+    """On resume: drop the log rows of iterations from iter_num on (they will be redone) and a last line that a crash
+    cut short. The file is replaced in one step, so a crash now cannot lose the log."""
+    def before(line):
+        try:
+            return json.loads(line)["iter"] < iter_num
+        except ValueError:
+            return False
+    if os.path.exists(log_path):
+        with open(log_path) as f:
+            rows = [line.rstrip("\n") + "\n" for line in f if before(line)]
+        with open(log_path + ".tmp", "w") as f:
+            f.writelines(rows)
+        os.replace(log_path + ".tmp", log_path)
+
+
+def disk_problem(out_dir, n_params):
+    """Why out_dir cannot hold this model's checkpoints (weights + two AdamW moments in fp32, twice while a new
+    checkpoint replaces the old one), or None."""
+    need_bytes, free = n_params * 4 * 3 * 2, shutil.disk_usage(out_dir).free
+    if free < need_bytes:
+        return (f"{out_dir} has {free / 1e6:,.0f} MB free but checkpoints of this {n_params / 1e6:,.1f}M-parameter "
+                f"model need about {need_bytes / 1e6:,.0f} MB; free some space or choose another --out_dir")
     return None

@@ -11,8 +11,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from checkpoint import load_start, model_from_checkpoint
-from hardware import synchronize
+from nanovha.checkpoint import load_start, model_from_checkpoint
+from nanovha.hardware import synchronize
 
 ATTENTION_PARAMS = ("attn.qkv_proj.", "attn.o_proj.", "attn.q_up.", "attn.kv_up.", "attn.premix", "attn.postmix_")
 

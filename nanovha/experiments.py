@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from configurator import ConfigError, configure, resolve_device
-from checkpoint import load_checkpoint
+from nanovha.config import ConfigError, configure, resolve_device
+from nanovha.checkpoint import load_checkpoint
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: the scripts run from there
 # two-sided 5% critical values of Student's t for df = 1..30 (beyond 30 the df=30 value: slightly conservative)
 T_CRIT = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
           2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)

@@ -1,0 +1,108 @@
+"""
+The one-token decode step compiled ahead of time with AOTInductor, for the CPU: built once per model and machine,
+cached as a package, loaded in a fraction of a second by every later run.
+
+    step = compiled_decode(model, folder)   # builds (about a minute on 2 cores) or loads folder/decode-<key>.pt2
+    model.setup_cache(1, max_len)           # any length: one package serves every context
+    logits = step(token, pos)               # == model.decode_one_token(token, pos); pos a (1,) long tensor
+
+What is compiled: model(token, start_pos=pos), the static-shape decode path of model.py, with the KV caches as
+inputs of any length (written in place) and the weights baked in as constants. Inductor fuses each norm, RoPE and
+softmax into one C++ loop and, with max_autotune, generates the matrix-vector products from its C++ GEMM template
+for these exact shapes and thread count; the C++ wrapper calls them with no Python between kernels. The key names
+everything the package depends on: the weights and config, the batch size, torch, the CPU and the thread count.
+"""
+import hashlib
+import json
+import os
+import tempfile
+import time
+
+import torch
+
+
+class DecodeStep(torch.nn.Module):
+    """model(token, start_pos=pos) with every layer's cache (k, v) taken from the inputs instead of the model."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.names = [f"model.blocks.{i}.attn.kv_cache.{kv}" for i in range(len(model.blocks)) for kv in "kv"]
+
+    def forward(self, token, pos, caches):
+        buffers = {name[len("model."):]: cache for name, cache in zip(self.names, caches)}
+        return torch.func.functional_call(self.model, buffers, (token,), {"start_pos": pos}, strict=False)[0][:, -1]
+
+
+def caches_of(model):
+    """[k0, v0, k1, v1, ...]: the tensors setup_cache allocated, in DecodeStep's order."""
+    return [t for block in model.blocks for t in (block.attn.kv_cache.k, block.attn.kv_cache.v)]
+
+
+def package_key(model, batch_size):
+    """sha256 (hex, 16 characters) of what a package depends on: the weights, the config, the batch size, torch,
+    the CPU as torch sees it, and the thread count (the GEMM template splits the work by it)."""
+    from nanovha.hardware import cpu_kind
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(str((t.dtype, tuple(t.shape))).encode())
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    env = [repr(model.cfg), batch_size, torch.__version__, cpu_kind(), torch.get_num_threads()]
+    h.update(json.dumps(env, default=str).encode())
+    return h.hexdigest()[:16]
+
+
+def build(model, path, batch_size=1, autotune=True):
+    """Exports the decode step and compiles it into the AOTInductor package at path (written whole, then renamed)."""
+    cache_before = [getattr(b.attn, "kv_cache") for b in model.blocks]
+    model.setup_cache(batch_size, 64)  # example inputs: their length is dynamic, these 64 positions fix nothing
+    example = [c.clone() for c in caches_of(model)]  # inputs distinct from the model's own buffers (no aliasing)
+    for block, cache in zip(model.blocks, cache_before):
+        block.attn.kv_cache = cache
+    length = torch.export.Dim("cache_len", min=2, max=1 << 24)
+    token = torch.zeros(batch_size, 1, dtype=torch.long, device=example[0].device)
+    pos = torch.tensor([3], device=token.device)
+    with torch.no_grad():
+        program = torch.export.export(DecodeStep(model).eval(), (token, pos, example),
+                                      dynamic_shapes=(None, None, [{2: length}] * len(example)))
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".pt2.tmp")
+    os.close(fd)
+    try:
+        torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs={"max_autotune": autotune})
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+class CompiledDecode:
+    """A loaded package, called like model.decode_one_token with a tensor position. seconds: how long it took to
+    get (the build, or only the load when the package was cached); built: whether this call compiled it."""
+
+    def __init__(self, model, path, seconds, built):
+        self.model, self.path, self.seconds, self.built = model, path, seconds, built
+        self.runner = torch._inductor.aoti_load_package(path)
+
+    def __call__(self, token, pos):
+        return self.runner(token, pos, caches_of(self.model))
+
+
+def compiled_decode(model, folder, batch_size=1, autotune=True):
+    """The model's compiled decode step from folder/decode-<key>.pt2, built there first if it is not cached."""
+    path = os.path.join(folder, f"decode-{package_key(model, batch_size)}.pt2")
+    t0 = time.perf_counter()
+    built = not os.path.exists(path)
+    if built:
+        build(model, path, batch_size, autotune)
+    step = CompiledDecode(model, path, 0.0, built)
+    step.seconds = time.perf_counter() - t0
+    return step
+
+
+def default_folder():
+    """Where packages of models without a checkpoint folder go (the benchmarks' random models): $NANOVHA_CACHE,
+    else ~/.cache/nanovha/compiled."""
+    return os.environ.get("NANOVHA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "nanovha", "compiled")
