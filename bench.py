@@ -16,7 +16,7 @@ from contextlib import nullcontext
 
 import torch
 
-from nanovha.config import ConfigError, configure, need, resolve_device
+from nanovha.config import ConfigError, config_file_values, flat_defaults, need, settings
 from nanovha.hardware import gpu_spec, interleaved, print_table, verdict
 from model import GPT, GPTConfig
 
@@ -40,13 +40,7 @@ compile = False
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
 # -----------------------------------------------------------------------------
-defaults = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
-try:
-    config = configure(defaults, sys.argv[1:])
-    device = resolve_device(config.pop("device"))
-except ConfigError as e:
-    sys.exit(f"error: {e}")
-globals().update(config)
+globals().update(settings(flat_defaults(globals()), sys.argv[1:]))
 
 
 device_type = device.split(":")[0]
@@ -128,11 +122,11 @@ def run_costs():
     for path in cost_configs.split(","):
         if not os.path.isabs(path) and not os.path.isfile(path):  # config/... of this repo, from any folder
             path = os.path.join(os.path.dirname(os.path.abspath(__file__)), path)
-        need(os.path.isfile(path), f"config file {path!r} does not exist")
-        namespace = {}
-        with open(path) as f:
-            exec(f.read(), {}, namespace)  # train.py's keys; keep the ones GPTConfig knows
-        known = {k: v for k, v in namespace.items() if k in GPTConfig.__dataclass_fields__}
+        try:
+            values = config_file_values(path)  # train.py's keys; keep the ones GPTConfig knows
+        except ConfigError as e:
+            need(False, e)
+        known = {k: v for k, v in values.items() if k in GPTConfig.__dataclass_fields__}
         with torch.device("meta"):  # shapes only: nothing is allocated
             model = GPT(GPTConfig(**dict(known, vocab_size=PAPER_VOCAB)))
         c, T = model.cfg, model.cfg.block_size

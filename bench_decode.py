@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from nanovha.config import ConfigError, configure, need, resolve_device
+from nanovha.config import flat_defaults, need, settings
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha import llamacpp
 from nanovha.hardware import interleaved as interleaved_on, print_table, timed as timed_on, verdict
@@ -55,13 +55,7 @@ compile = False  # torch.compile the decode step (CUDA: mode reduce-overhead, i.
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
 # -----------------------------------------------------------------------------
-defaults = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
-try:
-    config = configure(defaults, sys.argv[1:], optional={"prefill_max": int})
-    device = resolve_device(config.pop("device"))
-except ConfigError as e:
-    sys.exit(f"error: {e}")
-globals().update(config)
+globals().update(settings(flat_defaults(globals()), sys.argv[1:], optional={"prefill_max": int}))
 device_type = device.split(":")[0]
 
 

@@ -31,7 +31,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from nanovha.config import ConfigError, configure
+from nanovha.config import flat_defaults, settings
 from data.common import load_tokenizer, read_bin
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, model_from_state, save_checkpoint
 from nanovha.qwen3 import model_from_hf
@@ -52,7 +52,7 @@ batch_size = 2
 calib_len = 256  # tokens per calibration sequence (at most the model's block_size)
 seed = 1337
 device = "cpu"
-defaults = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))}
+defaults = flat_defaults(globals())
 # -----------------------------------------------------------------------------
 
 
@@ -238,10 +238,7 @@ def report(source, converted, fits, errors, summary, where):
 
 
 def main(argv):
-    try:
-        globals().update(configure(defaults, argv))
-    except ConfigError as e:
-        sys.exit(f"error: {e}")
+    globals().update(settings(defaults, argv))
     if not src:
         sys.exit("error: give the model to convert: --src=HF_FOLDER (Qwen3) or --src=out_dir/ckpt.pt")
     if premix_fit not in ("weights", "activations"):

@@ -21,7 +21,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from nanovha.config import ConfigError, configure
+from nanovha.config import flat_defaults, settings
 from data.common import read_bin
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nanovha.gguf import gguf_export_problem, write_gguf
@@ -43,7 +43,7 @@ batch_size = 4
 gen_tokens = 200  # greedy tokens that must come out identical
 seed = 1337
 device = "cpu"
-defaults = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))}
+defaults = flat_defaults(globals())
 # -----------------------------------------------------------------------------
 
 
@@ -305,10 +305,7 @@ def export(model, deployed, ckpt, src, tokens):
 
 
 def main(argv):
-    try:
-        globals().update(configure(defaults, argv))
-    except ConfigError as e:
-        sys.exit(f"error: {e}")
+    globals().update(settings(defaults, argv))
     src, dst = os.path.join(out_dir, ckpt_name), os.path.join(out_dir, out_name)
     if problem := check_args(src, dst):
         sys.exit(f"error: {problem}")

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from nanovha.config import ConfigError, configure, resolve_device
+from nanovha.config import flat_defaults, settings
 from data.common import load_tokenizer
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.qwen3 import model_from_hf
@@ -28,12 +28,7 @@ top_k = 200
 seed = 1337
 device = "auto"
 dtype = "float32"  # float32, bfloat16 or float16 weights for generation
-try:
-    config = configure({k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str))},
-                       sys.argv[1:], optional={"top_k": int})  # --top_k=None: sample from the whole vocab
-    config["device"] = resolve_device(config["device"])
-except ConfigError as e:
-    sys.exit(f"error: {e}")
+config = settings(flat_defaults(globals()), sys.argv[1:], optional={"top_k": int})  # --top_k=None: the whole vocab
 globals().update(config)
 
 if dtype not in ("float32", "bfloat16", "float16"):

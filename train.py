@@ -22,16 +22,16 @@ import torch
 from torch.distributed import destroy_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from nanovha.config import ConfigError, configure, need, resolve_device
+from data.dataset import DATA_ROOT, Dataset, prepare_if_missing
+from model import GPT, GPTConfig
+from nanovha.checkpoint import save_checkpoint
+from nanovha.config import flat_defaults, settings, stop_if
+from nanovha.distill import adamw_groups, drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
 from nanovha.hardware import autocast_for, choose_dtype, compile_counters, gpu_spec, training_step
 from nanovha.health import vha_health
-from data.dataset import DATA_ROOT, Dataset, prepare_if_missing
-from nanovha.checkpoint import load_checkpoint, load_start, model_from_checkpoint, save_checkpoint
-from nanovha.preflight import cut_log, disk_problem, prepare_out_dir, resume_problem
-from nanovha.distill import adamw_groups, drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
-from nanovha.preflight import contradictions, kept_warmup, knob_problem, start_args, teacher_problem, TOKENIZER_FIX, vocab_mismatch, warmup_problem
-from model import GPT, GPTConfig
 from nanovha.peers import PeerWatch, start_ddp
+from nanovha.preflight import (TOKENIZER_FIX, WARMUP_KEYS, cut_log, disk_problem, knob_problem, prepare_out_dir,
+                               start_checkpoint, teacher_problem, vocab_mismatch, warmup_problem)
 
 # -----------------------------------------------------------------------------
 # defaults (overridden by config/*.py files and --key=value); nanoGPT's names where it has the knob
@@ -100,23 +100,39 @@ dtype = "auto"  # auto: CUDA bf16 autocast (fp16 on old GPUs); a CPU times fp32 
 compile = None  # None: on for CUDA, off elsewhere (it costs 20-35 s on CPU)
 ddp_timeout = 600  # DDP: seconds a process waits for the others in a collective (a hung peer) before it stops
 # -----------------------------------------------------------------------------
-config_keys = [k for k, v in globals().items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))]
-defaults = {k: globals()[k] for k in config_keys}
+defaults = flat_defaults(globals())
 optional = {"head_dim": int, "mlp_hidden": int, "vha_postmix_rank": int, "lr_decay_iters": int, "min_lr": float, "compile": bool}
-try:
-    config = configure(defaults, sys.argv[1:], optional)
-    config["device"] = resolve_device(config["device"])  # "auto" -> what this machine has
-except ConfigError as e:
-    sys.exit(f"error: {e}")
+config = settings(defaults, sys.argv[1:], optional)  # device "auto" -> what this machine has
 globals().update(config)
 # -----------------------------------------------------------------------------
 model_fields = [f.name for f in dataclasses.fields(GPTConfig) if f.name in config]  # the knobs above that GPTConfig takes
+if lr_decay_iters is None:
+    lr_decay_iters = max_iters
+if min_lr is None:
+    min_lr = learning_rate / 10
+ckpt_path, log_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
+resuming = init_from == "resume"
+stop_if(knob_problem({**config, "lr_decay_iters": lr_decay_iters, "min_lr": min_lr}, model_fields))  # one line each
+stop_if(warmup_problem(config, ckpt_path))
+iter_num, best_val_loss, elapsed_before, saved_iter = 0, float("inf"), 0.0, None
 
 
-lr_decay_iters = max_iters if lr_decay_iters is None else lr_decay_iters
-min_lr = learning_rate / 10 if min_lr is None else min_lr
-need(not (problem := knob_problem(globals(), model_fields)), problem)  # knobs.py: each bad setting, one line
-need(not (problem := warmup_problem(config, os.path.join(out_dir, "ckpt.pt"))), problem)
+def kept(saved):
+    """What a run that stops now leaves behind, for its last line."""
+    return f"{ckpt_path} (iteration {saved}) is kept" if saved is not None else "no checkpoint was written yet"
+
+
+def peer_died(what, ckpt_iter, store_ok):
+    """The one line a survivor prints when another process of the DDP job died (peers.py found which). Rank 0 writes
+    the checkpoints, and may be the one that died: ckpt_iter is its last, if it said."""
+    saved = ckpt_iter if ckpt_iter is not None else saved_iter
+    if store_ok or master:
+        left = kept(saved)
+    else:
+        left = f"the last checkpoint rank 0 wrote, if any, is kept in {ckpt_path} on its machine"
+    resumable = saved is not None or not (store_ok or master)
+    relaunch = ": relaunch with --init_from=resume" if resumable else ""
+    return f"error: rank {rank}: {what} at iteration {iter_num}; {left}{relaunch}"
 
 
 # processes: DDP when launched by torchrun
@@ -127,7 +143,7 @@ if ddp:
         rank, local_rank, world_size, device = start_ddp(device, gradient_accumulation_steps, ddp_timeout)
     except ValueError as e:
         sys.exit(f"error: {e}")
-    watch = PeerWatch(rank, world_size, lambda *why: peer_died(*why))  # peer_died (below) reads the run's state
+    watch = PeerWatch(rank, world_size, peer_died)
 else:
     rank, local_rank, world_size = 0, 0, 1
 master = rank == 0
@@ -139,40 +155,22 @@ if device_type == "cuda":
     torch.backends.cudnn.allow_tf32 = True
 
 # output folder: fail now, not after an hour of training (or a long download)
-ckpt_path, log_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
-resuming = init_from == "resume"
 if master:
     try:
         prepare_out_dir(out_dir, ckpt_path, resuming=resuming)
     except ValueError as e:
         sys.exit(f"error: {e}")
-iter_num, best_val_loss, elapsed_before, ckpt, teacher_model = 0, float("inf"), 0.0, None, None
-if init_from != "scratch":  # read the checkpoint(s) first: a bad one fails before any data is prepared
-    what = "cannot resume" if resuming else f"cannot start from init_from={init_from}"
+ckpt, teacher_model = None, None
+if init_from != "scratch":  # read the checkpoint first: a bad one fails before any data is prepared
     try:
-        ckpt = load_checkpoint(ckpt_path) if resuming else load_start(init_from)
+        ckpt, model = start_checkpoint(config, defaults, model_fields, ckpt_path)  # config: + the warm-up it keeps
     except (FileNotFoundError, ImportError, ValueError) as e:
-        sys.exit(f"error: {what}: {e}")
-    if resuming:
-        need(not (problem := resume_problem(ckpt, ckpt_path)), f"cannot resume {problem}")
-        iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
-        need(eval_only or iter_num <= max_iters, f"the checkpoint is at iteration {iter_num}, past max_iters={max_iters}; "
-             f"raise --max_iters to train further")
-        warm, problem = kept_warmup(ckpt.get("config", {}), config, defaults)  # freezing and the teacher go on as they were
-        need(not problem, problem)
-        for settings in (config, globals()):
-            settings.update(warm)
-    else:  # a new run (iteration 0, a new optimizer) from the checkpoint's model, at this run's block_size and dropout
-        ckpt["model_args"], problem = start_args(ckpt["model_args"], config, defaults)
-        need(not problem, problem)
-    try:
-        model = model_from_checkpoint(ckpt)
-    except ValueError as e:
-        sys.exit(f"error: {what}: {ckpt_path if resuming else init_from}: {e}")
+        sys.exit(f"error: {e}")
+    freeze_iters, teacher, distill_alpha, distill_temperature = (config[k] for k in WARMUP_KEYS)
     model_args, block_size = ckpt["model_args"], model.cfg.block_size
-    typed = contradictions(config, defaults, {k: getattr(model.cfg, k) for k in model_fields}, model_fields)
-    need(not typed, f"a {'resumed' if resuming else 'new'} run keeps its checkpoint's model, but you set {typed}; drop them"
-         + (" or start a new --out_dir" if resuming else ""))
+    if resuming:
+        iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
+        saved_iter = iter_num
 if teacher:  # the teacher's logits on the same batches, in eval mode without gradients
     try:
         teacher_model, teacher_meta = load_teacher(teacher, device, torch.float64 if dtype == "float64" else torch.float32)
@@ -183,7 +181,8 @@ if teacher:  # the teacher's logits on the same batches, in eval mode without gr
 data_dir = data_dir or os.path.join(DATA_ROOT, dataset)
 try:
     if master:
-        prepare_if_missing(data_dir, dataset, [(ckpt and ckpt.get("meta"), f"the checkpoint {init_from}"), (teacher and teacher_meta, f"the teacher {teacher}")])
+        models = [(ckpt and ckpt.get("meta"), f"the checkpoint {init_from}"), (teacher and teacher_meta, f"the teacher {teacher}")]
+        prepare_if_missing(data_dir, dataset, models)
     if ddp:
         torch.distributed.barrier()
     data = Dataset(data_dir, block_size, curriculum_iters, curriculum_mode)
@@ -213,16 +212,18 @@ def rng(it, micro):
 
 
 # model
-need(not (teacher and (problem := teacher_problem(teacher_model, teacher_meta, teacher, meta, data_dir, data.seq_len))), problem)
+if teacher:
+    stop_if(teacher_problem(teacher_model, teacher_meta, teacher, meta, data_dir, data.seq_len))
 if ckpt is not None:
-    need(not (problem := vocab_mismatch(ckpt.get("meta"), "the checkpoint" if resuming else f"the checkpoint {init_from}", meta,
-                                        data_dir, "resume with the dataset it was trained on" if resuming else TOKENIZER_FIX)), problem)
+    fix = "resume with the dataset it was trained on" if resuming else TOKENIZER_FIX
+    stop_if(vocab_mismatch(ckpt.get("meta"), "the checkpoint" if resuming else f"the checkpoint {init_from}", meta, data_dir, fix))
     n_params = model.num_params()
 else:
     model_args = dict({k: config[k] for k in model_fields}, vocab_size=vocab_size)
     with torch.device("meta"):  # count the parameters without allocating them
         n_params = GPT(GPTConfig(**model_args)).num_params()
-need(not (master and write_checkpoint and (problem := disk_problem(out_dir, n_params))), problem)
+if master and write_checkpoint:
+    stop_if(disk_problem(out_dir, n_params))
 if init_from == "scratch":  # paired_init: GPT draws its init seed first, so every variant of one seed starts from the same blocks
     torch.manual_seed(seed if paired_init else seed + zlib.crc32(repr(sorted(model_args.items())).encode()))
     model = GPT(GPTConfig(**model_args))
@@ -232,9 +233,11 @@ model.to(device, dtype=torch.float64 if dtype == "float64" else torch.float32)
 if dtype == "auto" and resuming and ckpt.get("dtype"):
     dtype, dtype_reason = ckpt["dtype"], f"{ckpt['dtype']}: the dtype this run trained in (resumed; --dtype=... changes it)"
 else:
-    dtype, dtype_reason = choose_dtype(device_type, dtype, training_step(model, *get_batch("train", torch.Generator().manual_seed(seed + 4))))
+    probe_batch = get_batch("train", torch.Generator().manual_seed(seed + 4))
+    dtype, dtype_reason = choose_dtype(device_type, dtype, training_step(model, *probe_batch))
 if ddp:
-    torch.distributed.broadcast_object_list(choice := [dtype, dtype_reason], src=0)
+    choice = [dtype, dtype_reason]
+    torch.distributed.broadcast_object_list(choice, src=0)
     dtype, dtype_reason = choice
 autocast = autocast_for(device_type, dtype)  # params stay float32 (or float64); bf16/fp16 run under autocast
 
@@ -321,24 +324,11 @@ def log(row):
         wandb.log(row, step=row["iter"])
 
 
-def kept():
-    return f"{ckpt_path} (iteration {saved_iter}) is kept" if saved_iter is not None else "no checkpoint was written yet"
-
-
-def peer_died(what, ckpt_iter, store_ok):
-    """The one line a survivor prints when another process of the DDP job died (peers.py found which)."""
-    global saved_iter
-    saved_iter = ckpt_iter if ckpt_iter is not None else saved_iter  # rank 0 writes the checkpoints, and may be the one that died
-    ckpt = kept() if store_ok or master else f"the last checkpoint rank 0 wrote, if any, is kept in {ckpt_path} on its machine"
-    resumable = saved_iter is not None or not (store_ok or master)
-    return f"error: rank {rank}: {what} at iteration {iter_num}; {ckpt}" + (": relaunch with --init_from=resume" if resumable else "")
-
-
 def diverged(what, value):
     """Stops every process without saving: the checkpoint on disk is the last one whose losses were finite."""
     fix = "lower --learning_rate" + (", set --grad_clip=1.0" if not grad_clip else "") + " or raise --warmup_iters" + (
         "; or use bfloat16/float32 (float16 overflows)" if dtype == "float16" else "")
-    sys.exit(f"error: {what} is {value} at iteration {iter_num}: the run diverged and stopped; {kept()}. To fix: {fix}"
+    sys.exit(f"error: {what} is {value} at iteration {iter_num}: the run diverged and stopped; {kept(saved_iter)}. To fix: {fix}"
              if master else 1)
 
 
@@ -352,9 +342,7 @@ def save(it, elapsed):
                          "meta": meta, "elapsed": elapsed, "dtype": dtype, "kind": "nanovha"}, ckpt_path)
     except (OSError, RuntimeError) as e:
         sys.exit(f"error: writing the checkpoint of iteration {it} failed, is the disk full? ({str(e).splitlines()[0]}); "
-                 f"{kept()}: free some space, then continue with --init_from=resume")
-    global saved_iter
-    saved_iter = it
+                 f"{kept(saved_iter)}: free some space, then continue with --init_from=resume")
     if ddp:  # for the message of a survivor if this process dies
         watch.checkpoint_written(it)
 
@@ -365,7 +353,7 @@ if use_bar:
     bar = tqdm(total=max_iters, initial=iter_num, dynamic_ncols=True)
 say = bar.write if use_bar else print
 t_start = time.time() - elapsed_before
-t_last, iters_since, teacher_s, saved_iter = time.time(), 0, 0.0, iter_num if resuming else None
+t_last, iters_since, teacher_s = time.time(), 0, 0.0
 health_batch = get_batch("val", torch.Generator().manual_seed(seed + 3))[0][:4]
 stop_now = False  # set at each eval: --stop_at_acc reached
 model.train()
@@ -396,6 +384,7 @@ while True:
                 best_val_loss = min(best_val_loss, losses["val"])
                 if iter_num > 0 and iter_num != saved_iter and not eval_only and write_checkpoint:  # not again after a resume
                     save(iter_num, elapsed)
+                    saved_iter = iter_num
     if eval_only or iter_num >= max_iters or stop_now:
         if stop_now and master:
             say(f"stopped at step {iter_num}: held-out accuracy {losses['val_acc']:.1%} >= stop_at_acc={stop_at_acc}")

@@ -1,13 +1,15 @@
 """
-nanoGPT's "poor man's configurator", made strict. Every script keeps its settings as flat
-defaults and calls
+nanoGPT's "poor man's configurator", made strict. Every script keeps its settings as flat module-level
+defaults and reads them in one block:
 
-    config = configure(defaults, sys.argv[1:], optional={"head_dim": int})
+    defaults = flat_defaults(globals())
+    config = settings(defaults, sys.argv[1:], optional={"head_dim": int})
+    globals().update(config)
 
 where argv holds config files (`config/vha_small.py`, plain Python assignments) and `--key=value`
 overrides, applied left to right. An unknown key, a missing or broken file or a value of the wrong
-type is an error, never a silent no-op. None is a value only for the keys in `optional` (key -> the
-type of its other values) and for keys whose default is None.
+type is an error, never a silent no-op. One rule for None: it is a value only for keys whose default
+is None (a value derived later) and for the keys in `optional` (key -> the type of its other values).
 """
 import ast
 import os
@@ -50,22 +52,45 @@ def _parse_value(text):
         return text
 
 
+def flat_defaults(namespace):
+    """A script's settings: its module-level ints, floats, bools, strings and Nones (names not starting with _)."""
+    return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
+
+
+def settings(defaults, argv, optional=None):
+    """The block every script runs: defaults overridden by argv, "device" (if a knob) resolved to this machine's;
+    a bad setting exits in one line (`error: ...`)."""
+    try:
+        config = configure(defaults, argv, optional)
+        if "device" in config:
+            config["device"] = resolve_device(config["device"])
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    return config
+
+
+def config_file_values(path, namespace=None):
+    """The assignments of a config file, run on top of namespace (the settings so far); ConfigError if it does not
+    run. Names starting with _ and imported modules are left out."""
+    if os.path.isdir(path):
+        raise ConfigError(f"config file {path!r} is a folder; give a file such as config/vha_small.py")
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist (expected e.g. config/vha_small.py)")
+    namespace = dict(namespace or {})
+    try:
+        with open(path) as f:
+            exec(compile(f.read(), path, "exec"), {}, namespace)
+    except Exception as e:  # a typo in the file: say where, not a traceback
+        where = f" (line {e.lineno})" if isinstance(e, SyntaxError) else ""
+        raise ConfigError(f"config file {path!r} does not run{where}: {type(e).__name__}: {e}; fix the file") from None
+    return {k: v for k, v in namespace.items() if not k.startswith("_") and type(v).__name__ != "module"}
+
+
 def configure(defaults, argv, optional=None):
     config, optional = dict(defaults), optional or {}
     for arg in argv:
         if not arg.startswith("--"):
-            if not os.path.isfile(arg):
-                raise ConfigError(f"config file {arg!r} does not exist (expected e.g. config/vha_small.py)")
-            namespace = dict(config)
-            try:
-                with open(arg) as f:
-                    exec(compile(f.read(), arg, "exec"), {}, namespace)
-            except Exception as e:  # a typo in the file: say where, not a traceback
-                where = f" (line {e.lineno})" if isinstance(e, SyntaxError) else ""
-                raise ConfigError(f"config file {arg!r} does not run{where}: {type(e).__name__}: {e}; fix the file") from None
-            for key, value in namespace.items():
-                if key.startswith("_") or type(value).__name__ == "module":
-                    continue
+            for key, value in config_file_values(arg, config).items():
                 if key not in defaults:
                     raise ConfigError(f"{arg}: unknown config key {key!r}; known keys: {', '.join(sorted(defaults))}")
                 config[key] = _check_type(key, value, defaults[key], optional)
@@ -106,3 +131,9 @@ def need(ok, msg):
     """A bad setting stops the script here, in one line (`error: msg`), not as a traceback an hour in."""
     if not ok:
         sys.exit(f"error: {msg}")
+
+
+def stop_if(problem):
+    """need() for the checks that return their problem (one line) or None."""
+    if problem:
+        sys.exit(f"error: {problem}")

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from nanovha.config import ConfigError, configure, resolve_device
+from nanovha.config import settings
 from nanovha.checkpoint import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: the scripts run from there
@@ -40,11 +40,7 @@ def parse_command(argv, commands, defaults, sizes):
             rest.append(a)
     if size not in sizes:
         sys.exit(f"error: unknown size {size!r}: use {', '.join(sizes)}")
-    try:
-        cfg = configure({**defaults, **sizes[size]}, rest)
-        cfg["device"] = resolve_device(cfg["device"])
-    except ConfigError as e:
-        sys.exit(f"error: {e}")
+    cfg = settings({**defaults, **sizes[size]}, rest)
     cfg["size"] = size
     return command, cfg
 

@@ -11,7 +11,7 @@ import tempfile
 from data.common import hf_tokenizer_sha256
 from data.recall import tasks as recall_tasks
 from model import GPTConfig
-from nanovha.checkpoint import start_path
+from nanovha.checkpoint import load_checkpoint, load_start, model_from_checkpoint, start_path
 
 TOKENIZER_FIX = ("prepare the data with the model's tokenizer (a Hugging Face model: data/fineweb_edu/prepare.py --tokenizer=hf "
                  "--hf_tokenizer=FOLDER; docs/convert.md#warm-up)")
@@ -95,6 +95,41 @@ def start_args(model_args, c, defaults):
     longest = model_args["block_size"]
     return {**model_args, **own}, own.get("block_size", 0) > longest and (
         f"block_size={c['block_size']} is past the checkpoint's {longest}, the longest sequence its model takes; lower --block_size")
+
+
+def start_checkpoint(c, defaults, model_fields, ckpt_path):
+    """init_from "resume" or a path -> (the checkpoint, its model), after every check such a run needs: a resumable
+    checkpoint within max_iters, the warm-up it keeps (written into c), no model knob set against it, and for a new
+    run its model_args at this run's block_size and dropout. Raises FileNotFoundError, ImportError or ValueError,
+    one line each, before any data is prepared."""
+    resuming = c["init_from"] == "resume"
+    what = "cannot resume" if resuming else f"cannot start from init_from={c['init_from']}"
+    try:
+        ckpt = load_checkpoint(ckpt_path) if resuming else load_start(c["init_from"])
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        raise type(e)(f"{what}: {e}") from None
+    if resuming:
+        if problem := resume_problem(ckpt, ckpt_path):
+            raise ValueError(f"cannot resume {problem}")
+        if not c["eval_only"] and ckpt["iter_num"] > c["max_iters"]:
+            raise ValueError(f"the checkpoint is at iteration {ckpt['iter_num']}, past max_iters={c['max_iters']}; "
+                             f"raise --max_iters to train further")
+        warm, problem = kept_warmup(ckpt.get("config", {}), c, defaults)  # freezing and the teacher go on as they were
+        if problem:
+            raise ValueError(problem)
+        c.update(warm)
+    else:  # a new run (iteration 0, a new optimizer) from the checkpoint's model
+        ckpt["model_args"], problem = start_args(ckpt["model_args"], c, defaults)
+        if problem:
+            raise ValueError(problem)
+    try:
+        model = model_from_checkpoint(ckpt)
+    except ValueError as e:
+        raise ValueError(f"{what}: {ckpt_path if resuming else c['init_from']}: {e}") from None
+    if typed := contradictions(c, defaults, {k: getattr(model.cfg, k) for k in model_fields}, model_fields):
+        raise ValueError(f"a {'resumed' if resuming else 'new'} run keeps its checkpoint's model, but you set {typed}; "
+                         f"drop them" + (" or start a new --out_dir" if resuming else ""))
+    return ckpt, model
 
 
 def teacher_problem(teacher, meta, name, data_meta, data_dir, seq_len, fix=TOKENIZER_FIX):
