@@ -4,7 +4,8 @@ a seed fixes the init and every batch, so variants are compared seed by seed (pa
 
     python ablate.py                  # 11 variants x 3 seeds on shakespeare_char, val loss (~50 min for the first 9)
     python ablate.py --quick          # 3 variants x 2 seeds, 200 steps: a pipeline check
-    python ablate.py --size=gpu       # one GPU: GQA-8, same-deploy GQA and VHA at 120M on FineWeb-Edu, 2 seeds (~9 h, H100)
+    python ablate.py --size=gpu       # one GPU: GQA-8, same-deploy GQA and VHA at 120M on FineWeb-Edu, 2 seeds
+                                        (~9 h, H100)
     python ablate.py report           # rebuild the tables and plot from the finished runs
 
 The recall KV-budget sweep is sweep.py (python ablate.py sweep used to run it). Any knob below can be overridden
@@ -18,17 +19,20 @@ import time
 import numpy as np
 import torch
 
-from nanovha.experiments import choose_variants, fmt, fmt_paired, load_results, paired, parse_command, pyplot, read_json, run_all, same_run, train, write_json
+from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, pyplot,
+                                 read_json, run_all, same_run, train, write_json)
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 
 # -----------------------------------------------------------------------------
 DEFAULTS = dict(
-    device="auto", seed=1337, jobs=1, threads=0,  # jobs: runs at once; threads: CPU threads per run (0: torch's default)
+    device="auto", seed=1337,
+    jobs=1, threads=0,  # jobs: runs at once; threads: CPU threads per run (0: torch's default)
     # LM grid: runs/<variant>/seed<N>/ + results.json, results.csv, report.md, ablate.png
-    out_root="out-ablate", variants="all", n_seeds=3,  # seeds seed, seed+1, ...: each gives every variant the same batches
+    out_root="out-ablate", variants="all",
+    n_seeds=3,  # seeds seed, seed+1, ...: each gives every variant the same batches
     lm_iters=500, batch_size=16, block_size=256, gradient_accumulation_steps=1, warmup_iters=50, eval_interval=125,
     eval_iters=20, log_interval=10,
-    config_dir="",  # "": config/vha_small.py + config/ablations/<variant>.py; else <config_dir>/<variant>.py alone
+    config_dir="",  # "": config/vha_small.py + config/ablations/<variant>.py; else <config_dir>/vha.py + <variant>.py
     model_args="",  # extra train.py overrides for every variant, e.g. "--n_layer=2 --n_embd=32"
     lm_dataset="shakespeare_char", lm_data_dir="",  # lm_data_dir: any folder with train.bin/val.bin/meta.pkl
     dtype="",  # "": keep config/vha_small.py's (auto: bf16 where native, else fp32)
@@ -43,11 +47,12 @@ SIZES = {  # presets; the same budget for every variant
     # one GPU: config/fineweb's 120M twins, 2.52B tokens each; at an assumed 40% MFU on one H100 about 1.4-1.5 h
     # per run (the arithmetic is in config/fineweb/vha.py), so 3 variants x 2 seeds is about 9 h
     "gpu": dict(out_root="out-ablate-gpu", variants="gqa_4x_cache,gqa_same_deploy,vha", config_dir="config/fineweb",
-                lm_dataset="fineweb_edu", n_seeds=2, lm_iters=4800, batch_size=32, block_size=1024, gradient_accumulation_steps=16,
-                warmup_iters=200, eval_interval=250, eval_iters=50, log_interval=10),
+                lm_dataset="fineweb_edu", n_seeds=2, lm_iters=4800, batch_size=32, block_size=1024,
+                gradient_accumulation_steps=16, warmup_iters=200, eval_interval=250, eval_iters=50, log_interval=10),
 }
+# "vha" is config/vha_small.py alone; the rest add config/ablations/<name>.py
 VARIANTS = ("gqa_4x_cache", "gqa_same_deploy", "gqa_half_q", "vha", "premix_only", "postmix_only",
-            "silu_postmix", "rank4", "rank8", "mla", "mfa")  # "vha" is config/vha_small.py alone; the rest add config/ablations/<name>.py
+            "silu_postmix", "rank4", "rank8", "mla", "mfa")
 # The paper's table (VHA.md: 1.7B, 50B tokens, 8-task zero-shot average). Our rank 4/8 stand in for its 32/128.
 PAPER = {"gqa_4x_cache": ("GQA 16Q/8KV (4x cache)", 54.09), "gqa_same_deploy": ("GQA 16Q/2KV (same deploy)", 53.09),
          "gqa_half_q": ("GQA 8Q/2KV (same projections)", 52.38), "vha": ("VHA (premix + postmix)", 54.50),
@@ -55,10 +60,11 @@ PAPER = {"gqa_4x_cache": ("GQA 16Q/8KV (4x cache)", 54.09), "gqa_same_deploy": (
          "silu_postmix": ("SiLU postmix (lower, no number)", None), "rank4": ("postmix rank 32", 54.24),
          "rank8": ("postmix rank 128", 54.15), "mfa": ("MFA (1 KB cache)", 54.06),
          "mla": ("MLA (1 KB cache; lower than VHA on the paper's 30B MoE, no 1.7B number)", None)}
-COMPARISONS = [("vha", "gqa_same_deploy"), ("vha", "gqa_4x_cache"), ("vha", "gqa_half_q"), ("gqa_4x_cache", "gqa_same_deploy"),
-               ("gqa_same_deploy", "gqa_half_q"), ("premix_only", "gqa_same_deploy"), ("postmix_only", "gqa_same_deploy"),
-               ("vha", "premix_only"), ("vha", "postmix_only"), ("vha", "rank4"), ("vha", "rank8"), ("vha", "silu_postmix"),
-               ("vha", "mfa"), ("vha", "mla")]
+COMPARISONS = [("vha", "gqa_same_deploy"), ("vha", "gqa_4x_cache"), ("vha", "gqa_half_q"),
+               ("gqa_4x_cache", "gqa_same_deploy"), ("gqa_same_deploy", "gqa_half_q"),
+               ("premix_only", "gqa_same_deploy"), ("postmix_only", "gqa_same_deploy"), ("vha", "premix_only"),
+               ("vha", "postmix_only"), ("vha", "rank4"), ("vha", "rank8"), ("vha", "silu_postmix"), ("vha", "mfa"),
+               ("vha", "mla")]
 PAPER_SAYS_BETTER = {("vha", "silu_postmix"): 1, ("vha", "mla"): 1}  # directions without a 1.7B number
 # -----------------------------------------------------------------------------
 
@@ -66,7 +72,8 @@ PAPER_SAYS_BETTER = {("vha", "silu_postmix"): 1, ("vha", "mla"): 1}  # direction
 def parse_args(argv):
     """[command] [--smoke|--quick|--full|--size=NAME] [--key=value ...] -> (command, config)."""
     if argv and argv[0] in ("sweep", "sweep-report"):  # the sweep is its own script now
-        sys.exit(f"error: the recall sweep moved to sweep.py: python sweep.py{' report' if argv[0] == 'sweep-report' else ''} "
+        sys.exit("error: the recall sweep moved to sweep.py: "
+                 f"python sweep.py{' report' if argv[0] == 'sweep-report' else ''} "
                  "(its knobs keep their names)")
     command, cfg = parse_command(argv, ("run", "report"), DEFAULTS, SIZES)
     cfg["variant_list"] = choose_variants(cfg["variants"], VARIANTS)
@@ -79,16 +86,18 @@ def parse_args(argv):
 # ---- the LM grid ----
 def lm_args(cfg, variant, seed, run_dir):
     """train.py's argv for one LM run: config files, then the same budget overrides for every variant."""
-    if cfg["config_dir"]:
-        files = [os.path.join(cfg["config_dir"], f"{variant}.py")]
-    else:
-        files = ["config/vha_small.py"] + ([] if variant == "vha" else [f"config/ablations/{variant}.py"])
-    data = [f"--dataset={cfg['lm_dataset']}"] + ([f"--data_dir={os.path.abspath(cfg['lm_data_dir'])}"] if cfg["lm_data_dir"] else [])
-    return [*files, f"--out_dir={run_dir}", f"--seed={seed}", f"--max_iters={cfg['lm_iters']}", f"--lr_decay_iters={cfg['lm_iters']}",
-            f"--warmup_iters={cfg['warmup_iters']}", f"--eval_interval={cfg['eval_interval']}", f"--eval_iters={cfg['eval_iters']}",
-            f"--log_interval={cfg['log_interval']}", f"--batch_size={cfg['batch_size']}", f"--block_size={cfg['block_size']}",
-            f"--gradient_accumulation_steps={cfg['gradient_accumulation_steps']}", f"--device={cfg['device']}",
-            *([f"--dtype={cfg['dtype']}"] if cfg["dtype"] else []), *data, *cfg["model_args"].split()]
+    base, twins = (cfg["config_dir"], cfg["config_dir"]) if cfg["config_dir"] else ("config", "config/ablations")
+    base = os.path.join(base, "vha.py" if cfg["config_dir"] else "vha_small.py")
+    files = [base] + ([] if variant == "vha" else [os.path.join(twins, f"{variant}.py")])
+    data = [f"--dataset={cfg['lm_dataset']}"] + ([f"--data_dir={os.path.abspath(cfg['lm_data_dir'])}"]
+                                                 if cfg["lm_data_dir"] else [])
+    return [*files, f"--out_dir={run_dir}", f"--seed={seed}", f"--max_iters={cfg['lm_iters']}",
+            f"--lr_decay_iters={cfg['lm_iters']}", f"--warmup_iters={cfg['warmup_iters']}",
+            f"--eval_interval={cfg['eval_interval']}", f"--eval_iters={cfg['eval_iters']}",
+            f"--log_interval={cfg['log_interval']}", f"--batch_size={cfg['batch_size']}",
+            f"--block_size={cfg['block_size']}", f"--gradient_accumulation_steps={cfg['gradient_accumulation_steps']}",
+            f"--device={cfg['device']}", *([f"--dtype={cfg['dtype']}"] if cfg["dtype"] else []), *data,
+            *cfg["model_args"].split()]
 
 
 def tokens_per_run(cfg):
@@ -111,9 +120,10 @@ def run_lm(cfg, job):
     res = {"variant": variant, "seed": seed, "args": args, "iters": cfg["lm_iters"], "block_size": cfg["block_size"],
            "tokens": tokens_per_run(cfg), "val_loss": evals[-1]["val_loss"],
            "train_loss": evals[-1]["train_loss"], "curve": [[r["tokens"], r["val_loss"]] for r in evals],
-           "params": model.num_params(), "flops_per_token": model.flops_per_token(cfg["block_size"], training=True),
-           "kv_bytes_per_token": model.kv_bytes_per_token(torch.bfloat16),
-           "tok_per_s": float(np.mean(speed)) if speed else None, "train_s": rows[-1]["time"], "wall_s": time.time() - t0}
+           "params": model.num_params(), "flops_per_token": model.cfg.flops_per_token(cfg["block_size"], training=True),
+           "kv_bytes_per_token": model.cfg.kv_bytes_per_token(torch.bfloat16),
+           "tok_per_s": float(np.mean(speed)) if speed else None, "train_s": rows[-1]["time"],
+           "wall_s": time.time() - t0}
     write_json(result_path, res)
     return note + f"val loss {res['val_loss']:.4f}, {res['wall_s']:.0f} s"
 
@@ -138,22 +148,25 @@ def comparison_lines(M):
             continue
         pa, pb = PAPER[a][1], PAPER[b][1]
         paper_dir = PAPER_SAYS_BETTER.get((a, b)) or int(np.sign(pa - pb))
-        paper_txt = f"{pa - pb:+.2f}" if pa is not None and pb is not None else ("first better" if paper_dir > 0 else "second better")
+        paper_txt = (f"{pa - pb:+.2f}" if pa is not None and pb is not None
+                     else ("first better" if paper_dir > 0 else "second better"))
         n, mean, se, t, resolved = stat = paired(M[a], M[b])
         if n < 2:
             verdict = "fewer than 2 shared seeds: not judged"
         elif mean == 0:
             verdict = "no difference"
         else:  # lower loss is better: a negative Δ means the first is better
-            verdict = ("agrees" if -np.sign(mean) == paper_dir else "opposite") + (", resolved" if resolved else ", not resolved")
+            verdict = (("agrees" if -np.sign(mean) == paper_dir else "opposite")
+                       + (", resolved" if resolved else ", not resolved"))
         tally.append(verdict)
         lines.append(f"| {a} vs {b} | {paper_txt} | {fmt_paired(*stat)} | {verdict} |")
     count = lambda s: sum(v.endswith(s) for v in tally)
-    lines += ["", f"- Of {len(tally)} comparisons, {sum(v == 'agrees, resolved' for v in tally)} agree with the paper and are "
-              f"resolved, {sum(v == 'opposite, resolved' for v in tally)} go the opposite way and are resolved, "
-              f"{count('not resolved')} are not resolved" + (f", {len(tally) - count('resolved')} not judged" if len(tally) > count("resolved") else "") + ".",
-              "- Resolved: the paired t-test over the shared seeds rejects 'no difference' at 5% (two-sided; with 3 seeds "
-              "that needs |Δ| > 4.3 SE). Among 12 comparisons, about one in 20 passes by chance."]
+    lines += ["", f"- Of {len(tally)} comparisons, {sum(v == 'agrees, resolved' for v in tally)} agree with the paper "
+              f"and are resolved, {sum(v == 'opposite, resolved' for v in tally)} go the opposite way and are "
+              f"resolved, {count('not resolved')} are not resolved"
+              + (f", {len(tally) - count('resolved')} not judged" if len(tally) > count("resolved") else "") + ".",
+              "- Resolved: the paired t-test over the shared seeds rejects 'no difference' at 5% (two-sided; with 3 "
+              "seeds that needs |Δ| > 4.3 SE). Among 12 comparisons, about one in 20 passes by chance."]
     return lines
 
 
@@ -161,29 +174,34 @@ def cmd_report(cfg):
     """results.json/csv, report.md (our table beside the paper's, its comparisons judged) and ablate.png."""
     rows = load_results(cfg["out_root"], ("*", "seed*"), lambda r: r["variant"] in cfg["variant_list"])
     if not rows:
-        sys.exit(f"error: no finished runs in {cfg['out_root']}/runs for {', '.join(cfg['variant_list'])}; run python ablate.py first")
+        sys.exit(f"error: no finished runs in {cfg['out_root']}/runs for {', '.join(cfg['variant_list'])}; "
+                 "run python ablate.py first")
     groups = {v: [r for r in rows if r["variant"] == v] for v in VARIANTS if any(r["variant"] == v for r in rows)}
     write_json(os.path.join(cfg["out_root"], "results.json"), rows)
-    cols = ["variant", "seed", "val_loss", "train_loss", "params", "flops_per_token", "kv_bytes_per_token", "tok_per_s", "wall_s"]
+    cols = ["variant", "seed", "val_loss", "train_loss", "params", "flops_per_token", "kv_bytes_per_token", "tok_per_s",
+            "wall_s"]
     with open(os.path.join(cfg["out_root"], "results.csv"), "w", newline="") as f:
         csv.writer(f).writerows([cols] + [[r[c] for c in cols] for r in rows])
     M = {v: {r["seed"]: r["val_loss"] for r in g} for v, g in groups.items()}
     r0 = rows[0]
     lines = ["# VHA ablations in miniature: the LM grid", "",
              f"{len(groups)} variants; seeds: " + ", ".join(f"{v} {len(g)}" for v, g in groups.items())
-             + f". Each run: {r0['iters']} steps, {r0['tokens']:,} tokens of {cfg['lm_dataset']}, context {r0['block_size']}. Every "
-             "variant: config/vha_small.py + its config/ablations file, the same steps, tokens, LR schedule and seeds (hence the "
+             + f". Each run: {r0['iters']} steps, {r0['tokens']:,} tokens of {cfg['lm_dataset']}, context "
+             f"{r0['block_size']}. Every variant: config/vha_small.py + its config/ablations file, the same steps, "
+             "tokens, LR schedule and seeds (hence the "
              f"same batches){'; model overrides: ' + cfg['model_args'] if cfg['model_args'] else ''}."]
     if cfg["size"] != "full":
         lines += ["", f"**Reduced grid (--{cfg['size']}): a check of the pipeline, too small to reproduce anything.**"]
     lines += ["", "## Results (mean ± std over seeds)", "",
-              "| variant | paper: 1.7B 8-task avg | val loss ↓ | params | train FLOPs/token | KV B/token (bf16) | tok/s | wall s |",
+              "| variant | paper: 1.7B 8-task avg | val loss ↓ | params | train FLOPs/token | KV B/token (bf16) "
+              "| tok/s | wall s |",
               "|---|---|---|---|---|---|---|---|"]
     for v, g in groups.items():
         label, score = PAPER[v]
-        lines.append(f"| {v} | {label}: {'-' if score is None else f'{score:.2f}'} | {fmt([r['val_loss'] for r in g])} | "
-                     f"{g[0]['params']:,} | {g[0]['flops_per_token'] / 1e6:.2f}M | {g[0]['kv_bytes_per_token']} | "
-                     f"{fmt([r['tok_per_s'] for r in g if r['tok_per_s']], 1, 0)} | {fmt([r['wall_s'] for r in g], 1, 0)} |")
+        lines.append(f"| {v} | {label}: {'-' if score is None else f'{score:.2f}'} | "
+                     f"{fmt([r['val_loss'] for r in g])} | {g[0]['params']:,} | {g[0]['flops_per_token'] / 1e6:.2f}M | "
+                     f"{g[0]['kv_bytes_per_token']} | {fmt([r['tok_per_s'] for r in g if r['tok_per_s']], 1, 0)} | "
+                     f"{fmt([r['wall_s'] for r in g], 1, 0)} |")
     lines += ["", "## The paper's comparisons, checked on our numbers", "",
               "The paper's metric is a downstream average; ours is val loss, so only the direction is compared. "
               "Δ = first minus second, per seed (both saw the same batches), then mean ± SE over the seeds.", ""]
@@ -208,7 +226,8 @@ def plot_lm(groups, cfg):
         curves = [r["curve"][1:] for r in g]
         n = min(map(len, curves))
         if n:
-            ax.plot([c[0] for c in curves[0][:n]], np.mean([[c[1] for c in cv[:n]] for cv in curves], 0), color=f"C{i}", label=v)
+            ax.plot([c[0] for c in curves[0][:n]], np.mean([[c[1] for c in cv[:n]] for cv in curves], 0),
+                    color=f"C{i}", label=v)
     ax.set(xlabel="training tokens", ylabel=f"val loss ({cfg['lm_dataset']})", title="LM val loss (mean over seeds)")
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -32,8 +32,9 @@ batch_size = 16
 block_size = 256  # tokens per sequence
 train_steps = 10  # timed steps per variant
 warmup = 3  # untimed steps per variant
-cost_configs = ("config/paper_1p7b_gqa8.py,config/paper_1p7b_gqa2.py,config/paper_1p7b_gqa_8q2kv.py,config/paper_1p7b_vha.py,"
-                "config/paper_1p7b_mla.py,config/paper_1p7b_mfa.py")
+cost_base = "config/paper_1p7b_gqa8.py"  # every cost config is a diff applied after it (the base itself: none)
+cost_configs = ("config/paper_1p7b_gqa8.py,config/paper_1p7b_gqa2.py,config/paper_1p7b_gqa_8q2kv.py,"
+                "config/paper_1p7b_vha.py,config/paper_1p7b_mla.py,config/paper_1p7b_mfa.py")
 device = "auto"
 dtype = "float32"  # float32, or bfloat16 (autocast)
 compile = False
@@ -44,7 +45,8 @@ globals().update(settings(flat_defaults(globals()), sys.argv[1:]))
 
 
 device_type = device.split(":")[0]
-for key in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size", "vha_kv_head", "batch_size", "block_size", "train_steps"):
+for key in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size", "vha_kv_head", "batch_size", "block_size",
+            "train_steps"):
     need(globals()[key] >= 1, f"{key} must be >= 1, got {globals()[key]}")
 need(warmup >= 0, f"warmup must be >= 0, got {warmup}")
 ptdtype = getattr(torch, dtype, None)
@@ -55,8 +57,8 @@ if threads:
 def build(**kw):
     """A random-weight model of the benchmark's shape; kw picks the attention."""
     try:
-        return GPT(GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
-                             head_dim=head_dim, **kw))
+        return GPT(GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd,
+                             n_head=n_head, head_dim=head_dim, **kw))
     except ValueError as e:
         need(False, e)
 
@@ -65,7 +67,8 @@ def build(**kw):
 def run_train():
     need(dtype in ("float32", "bfloat16"), f"train mode runs float32 or bfloat16 (autocast), got {dtype!r}")
     need(vha_kv_head != 8, "train mode compares VHA with GQA-8 and same-deploy GQA: vha_kv_head must not be 8")
-    kinds = {"vha": dict(attn="vha", n_kv_head=vha_kv_head), "gqa8": dict(n_kv_head=8), f"gqa{vha_kv_head}": dict(n_kv_head=vha_kv_head)}
+    kinds = {"vha": dict(attn="vha", n_kv_head=vha_kv_head), "gqa8": dict(n_kv_head=8),
+             f"gqa{vha_kv_head}": dict(n_kv_head=vha_kv_head)}
     autocast = torch.autocast(device_type, dtype=ptdtype) if dtype == "bfloat16" else nullcontext()
     gen = torch.Generator().manual_seed(seed)
     x, y = (torch.randint(vocab_size, (batch_size, block_size), generator=gen).to(device) for _ in range(2))
@@ -87,23 +90,27 @@ def run_train():
           f"width {n_embd}, {n_head} query heads of dim {head_dim}, batch {batch_size} x {block_size} tokens; "
           f"{train_steps} timed steps (+{warmup} warm-up) per model, interleaved")
     seconds = interleaved(steps, train_steps, warmup, device_type)
-    peak = gpu_spec(torch.cuda.get_device_name())[0] if device_type == "cuda" else None  # dense bf16 FLOP/s; None: unknown
+    # dense bf16 FLOP/s; None: unknown
+    peak = gpu_spec(torch.cuda.get_device_name())[0] if device_type == "cuda" else None
     rows = []
     for name, model in models.items():
         c, tok_s = model.cfg, batch_size * block_size / seconds[name]
-        flops = model.flops_per_token(block_size, training=True)
-        rows.append(dict(variant=name, heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV", params_m=model.num_params() / 1e6,
-                         flops_per_token=flops, ms_per_step=seconds[name] * 1e3, tok_s=tok_s,
-                         mfu=flops * tok_s / peak if peak else None))
+        flops = model.cfg.flops_per_token(block_size, training=True)
+        rows.append(dict(variant=name, heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV",
+                         params_m=model.num_params() / 1e6, flops_per_token=flops, ms_per_step=seconds[name] * 1e3,
+                         tok_s=tok_s, mfu=flops * tok_s / peak if peak else None))
     for r in rows:
-        r["speed_vs_gqa8"], r["flops_vs_gqa8"] = r["tok_s"] / rows[1]["tok_s"], r["flops_per_token"] / rows[1]["flops_per_token"]
-    print_table(rows, [("variant", "variant", "{}"), ("q proj->attn heads/KV", "heads", "{}"), ("params M", "params_m", "{:.2f}"),
-                       ("train FLOPs/token", "flops_per_token", "{:.3e}"), ("FLOPs vs gqa8", "flops_vs_gqa8", "{:.3f}"),
-                       ("ms/step", "ms_per_step", "{:.1f}"), ("tokens/s", "tok_s", "{:.0f}"),
-                       ("speed vs gqa8", "speed_vs_gqa8", "{:.3f}"), ("MFU", "mfu", "{:.1%}")])
+        r["speed_vs_gqa8"], r["flops_vs_gqa8"] = (r["tok_s"] / rows[1]["tok_s"],
+                                                  r["flops_per_token"] / rows[1]["flops_per_token"])
+    print_table(rows, [("variant", "variant", "{}"), ("q proj->attn heads/KV", "heads", "{}"),
+                       ("params M", "params_m", "{:.2f}"), ("train FLOPs/token", "flops_per_token", "{:.3e}"),
+                       ("FLOPs vs gqa8", "flops_vs_gqa8", "{:.3f}"), ("ms/step", "ms_per_step", "{:.1f}"),
+                       ("tokens/s", "tok_s", "{:.0f}"), ("speed vs gqa8", "speed_vs_gqa8", "{:.3f}"),
+                       ("MFU", "mfu", "{:.1%}")])
     vha, same = rows[0]["tok_s"], rows[2]["tok_s"]
     targets = dict(vha_over_gqa8=rows[0]["speed_vs_gqa8"], vha_over_gqa_same=vha / same)
-    print(f"targets: VHA >= 1.05x GQA-8 tokens/s: {targets['vha_over_gqa8']:.3f}x  {verdict(targets['vha_over_gqa8'] >= 1.05)}; "
+    print(f"targets: VHA >= 1.05x GQA-8 tokens/s: {targets['vha_over_gqa8']:.3f}x  "
+          f"{verdict(targets['vha_over_gqa8'] >= 1.05)}; "
           f"VHA >= same-deploy {rows[2]['variant']}: {targets['vha_over_gqa_same']:.3f}x  {verdict(vha >= same)}")
     return dict(mode="train", device=device, dtype=dtype, threads=torch.get_num_threads(), compile=compile,
                 block_size=block_size, batch_size=batch_size, results=rows, targets=targets)
@@ -113,37 +120,48 @@ def run_train():
 PAPER_VOCAB = 151936  # Qwen3's tokenizer; train.py takes the vocab from the dataset, so the config files cannot set it
 
 
-# the paper's training/prefill GFLOPs per token at 1.7B, S=4096 (1 KB/layer/token except GQA-8); it gives no MLA figure there
+# the paper's training/prefill GFLOPs per token at 1.7B, S=4096 (1 KB/layer/token except GQA-8); it gives no MLA
+# figure there
 PAPER_GFLOPS = {"paper_1p7b_gqa8.py": 10.61, "paper_1p7b_vha.py": 9.78, "paper_1p7b_mfa.py": 15.90}
+
+
+def in_repo(path):
+    """config/... of this repo, from any folder."""
+    if not os.path.isabs(path) and not os.path.isfile(path):
+        return os.path.join(os.path.dirname(os.path.abspath(__file__)), path)
+    return path
 
 
 def run_costs():
     rows = []
-    for path in cost_configs.split(","):
-        if not os.path.isabs(path) and not os.path.isfile(path):  # config/... of this repo, from any folder
-            path = os.path.join(os.path.dirname(os.path.abspath(__file__)), path)
-        try:
-            values = config_file_values(path)  # train.py's keys; keep the ones GPTConfig knows
+    for path in map(in_repo, cost_configs.split(",")):
+        try:  # train.py's keys: the base, then the diff; keep the ones GPTConfig knows
+            values = config_file_values(path, config_file_values(in_repo(cost_base)))
         except ConfigError as e:
             need(False, e)
         known = {k: v for k, v in values.items() if k in GPTConfig.__dataclass_fields__}
         with torch.device("meta"):  # shapes only: nothing is allocated
             model = GPT(GPTConfig(**dict(known, vocab_size=PAPER_VOCAB)))
         c, T = model.cfg, model.cfg.block_size
-        rows.append(dict(config=os.path.basename(path), attn=c.attn, heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV",
-                         params_b=model.num_params() / 1e9, kv_bytes_per_layer=model.kv_bytes_per_token(torch.bfloat16) // c.n_layer,
-                         kv_kb_per_token=model.kv_bytes_per_token(torch.bfloat16) / 1024, T=T,
-                         train_flops_per_token=model.flops_per_token(T, training=True), paper_gflops=PAPER_GFLOPS.get(os.path.basename(path))))
+        rows.append(dict(config=os.path.basename(path), attn=c.attn,
+                         heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV", params_b=model.num_params() / 1e9,
+                         kv_bytes_per_layer=model.cfg.kv_bytes_per_token(torch.bfloat16) // c.n_layer,
+                         kv_kb_per_token=model.cfg.kv_bytes_per_token(torch.bfloat16) / 1024, T=T,
+                         train_flops_per_token=model.cfg.flops_per_token(T, training=True),
+                         paper_gflops=PAPER_GFLOPS.get(os.path.basename(path))))
     for r in rows:
         r["flops_vs_first"] = r["train_flops_per_token"] / rows[0]["train_flops_per_token"]
         if r["paper_gflops"] and rows[0]["paper_gflops"]:
             r["paper_vs_first"] = r["paper_gflops"] / rows[0]["paper_gflops"]
-    print(f"paper-scale costs (vocab {PAPER_VOCAB}, bf16 KV cache, training FLOPs at each file's block_size; model.py's accounting)")
+    print(f"paper-scale costs (vocab {PAPER_VOCAB}, bf16 KV cache, training FLOPs at each file's block_size; "
+          "model.py's accounting)")
     print_table(rows, [("config", "config", "{}"), ("attn", "attn", "{}"), ("q proj->attn heads/KV", "heads", "{}"),
                        ("params B", "params_b", "{:.3f}"), ("KV B/layer/token", "kv_bytes_per_layer", "{}"),
                        ("KV KB/token", "kv_kb_per_token", "{:.0f}"), ("T", "T", "{}"),
-                       ("train FLOPs/token", "train_flops_per_token", "{:.3e}"), (f"FLOPs vs {rows[0]['config']}", "flops_vs_first", "{:.4f}"),
-                       ("paper GFLOPs/token", "paper_gflops", "{:.2f}"), ("paper vs first", "paper_vs_first", "{:.4f}")])
+                       ("train FLOPs/token", "train_flops_per_token", "{:.3e}"),
+                       (f"FLOPs vs {rows[0]['config']}", "flops_vs_first", "{:.4f}"),
+                       ("paper GFLOPs/token", "paper_gflops", "{:.2f}"),
+                       ("paper vs first", "paper_vs_first", "{:.4f}")])
     out = dict(mode="costs", results=rows)
     vha = next((r for r in rows if r["attn"] == "vha"), None)
     if vha:

@@ -1,32 +1,36 @@
 """
-Decode speed vs context: what the small KV cache buys at deployment, against the memory roofline (training
-throughput and the paper-scale costs are bench.py).
+Decode speed vs context: what the small KV cache buys at deployment, against the memory roofline and against
+llama.cpp on the same weights (training throughput and the paper-scale costs are bench.py).
 
     python bench_decode.py --plot=decode.png       # decode: MHA, GQA-8/4/2, MQA, a folded VHA, MLA and MFA vs context
     python bench_decode.py --variants=mha,gqa2,vha_folded --contexts=1024,4096,16384
     python bench_decode.py --ckpt=out-vha-small/ckpt.pt   # add a trained checkpoint (a VHA one is folded first)
 
-Speed does not depend on training, so the models have random weights. Variants are timed
-interleaved (one step of each in turn), so machine noise hits them alike; figures are medians
-with warm-up steps excluded. The last stdout line is one JSON object with every figure. With llama-cpp-python
-installed, the folded VHA model (and --ckpt) also runs in llama.cpp, in the same rounds: rows "<variant>@llama.cpp".
+Speed does not depend on training, so the models have random weights. Variants are timed interleaved (one step of
+each in turn), so machine noise hits them alike; figures are medians with warm-up steps excluded. Each variant runs
+compiled (on a CPU an AOTInductor package per model, built once and cached: nanovha/compiled_decode.py; on CUDA,
+CUDA graphs) and eagerly, in the same rounds; the compile time, the time to first token and the break-even length
+are printed beside tokens/s. With llama-cpp-python installed, the folded VHA model (and --ckpt) also runs in
+llama.cpp in the same rounds. The last stdout line is one JSON object with every figure.
 """
 import copy
 import itertools
 import json
 import statistics
 import sys
+import time
 
 import torch
 
-from nanovha.config import flat_defaults, need, settings
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from model import GPT, GPTConfig, fold_to_gqa, grouped_decode_attention, sdpa
 from nanovha import llamacpp
-from nanovha.hardware import interleaved as interleaved_on, print_table, timed as timed_on, verdict
-from model import GPT, GPTConfig, grouped_decode_attention, sdpa
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha.compiled_decode import compiled_decode, default_folder
+from nanovha.config import flat_defaults, need, settings
+from nanovha.hardware import choose_decode_dtype, copy_bandwidth, cpu_kind, interleaved as interleaved_on
+from nanovha.hardware import matmul_peak, print_table, timed as timed_on, verdict
 
 # -----------------------------------------------------------------------------
-mode = "decode"  # the old --mode=train and --mode=costs are bench.py now
 n_layer = 6
 n_embd = 512
 n_head = 16  # query heads that attend (VHA: the virtual heads)
@@ -46,49 +50,54 @@ copy_mib = 1024  # size of the tensor copy that measures the peak bandwidth
 weight_layout = "in_out"  # Linear weights in memory: in_out (GPT.use_decode_layout) or out_in (PyTorch's default)
 plot = ""  # PNG path: tokens/s and KV memory vs context
 llama_cpp = True  # also time vha_folded (and ckpt) in llama.cpp, when llama-cpp-python is importable (CPU only)
-grad_mode = "inference"  # our decode steps under torch.inference_mode ("inference") or only no_grad ("no_grad": before)
 # system
 warmup = 3  # untimed steps per variant
 device = "auto"
-dtype = "auto"  # weights and cache in this dtype. auto: bf16 on CUDA, float32 elsewhere
-compile = False  # torch.compile the decode step (CUDA: mode reduce-overhead, i.e. CUDA graphs)
+dtype = "auto"  # weights and cache. auto: CUDA bf16; a CPU times float32 against bf16 weights (where native)
+compile = "auto"  # auto: aot on a CPU, graphs on CUDA; aot (AOTInductor package), graphs (torch.compile), off
+eager = True  # with a compiled step: also time every variant eagerly, in the same rounds
+compile_autotune = True  # aot: inductor's C++ GEMM templates tuned per shape (faster steps, a longer build)
+compile_cache = ""  # where AOTInductor packages are kept ("": $NANOVHA_CACHE or ~/.cache/nanovha/compiled)
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
 # -----------------------------------------------------------------------------
 globals().update(settings(flat_defaults(globals()), sys.argv[1:], optional={"prefill_max": int}))
 device_type = device.split(":")[0]
+shape = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+             head_dim=head_dim)
 
 
-def resolve_auto(device_type, dtype, decode_impl, prefill_max):
-    """The device's defaults for dtype "auto", decode_impl "auto" and prefill_max None -> (dtype, decode_impl, prefill_max).
-    CUDA: weights and cache in bf16, as deployed (fp32 on a GPU without bf16); SDPA decode in bf16/fp16, grouped in fp32
-    (no fp32 SDPA kernel takes grouped heads); prefill up to 32K. Elsewhere float32 (the CPU figures so far), grouped
-    decode (CPU SDPA at one query does per-query-head work, however few KV heads there are), prefill up to 2K."""
+def resolve_auto(device_type, decode_impl, prefill_max, compile):
+    """The device's defaults for decode_impl "auto", prefill_max None and compile "auto". CUDA: SDPA decode (grouped
+    for float32 weights: no fp32 SDPA kernel takes grouped heads), prefill up to 32K, CUDA graphs. Elsewhere grouped
+    decode (CPU SDPA at one query does per-query-head work, however few KV heads there are), prefill up to 2K, and
+    an AOTInductor package (CPU; MPS: off)."""
     cuda = device_type == "cuda"
-    if dtype == "auto":
-        dtype = "bfloat16" if cuda and torch.cuda.is_bf16_supported() else "float32"
-    if decode_impl == "auto":
-        decode_impl = "sdpa" if cuda and dtype in ("bfloat16", "float16") else "grouped"
-    return dtype, decode_impl, (32768 if cuda else 2048) if prefill_max is None else prefill_max
+    half = cuda and dtype in ("auto", "bfloat16", "float16")
+    decode_impl = ("sdpa" if half else "grouped") if decode_impl == "auto" else decode_impl
+    prefill_max = (32768 if cuda else 2048) if prefill_max is None else prefill_max
+    if compile == "auto":
+        compile = {"cuda": "graphs", "cpu": "aot"}.get(device_type, "off")
+    return decode_impl, prefill_max, compile
 
 
-need(mode == "decode", f"--mode={mode} moved to bench.py: python bench.py" + (" --costs=True" if mode == "costs" else "")
-     + " (the same knobs)")
-need(dtype in ("auto", "float32", "bfloat16", "float16", "float64"), f"dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
-dtype, decode_impl, prefill_max = resolve_auto(device_type, dtype, decode_impl, prefill_max)
+decode_impl, prefill_max, compile = resolve_auto(device_type, decode_impl, prefill_max, compile)
+need(dtype in ("auto", "float32", "bfloat16", "float16", "float64"),
+     f"dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
 need(decode_impl in ("grouped", "sdpa"), f"decode_impl must be auto, grouped or sdpa, got {decode_impl!r}")
-need(weight_layout in ("out_in", "in_out") and grad_mode in ("inference", "no_grad"), "weight_layout must be out_in or in_out, "
-     f"grad_mode inference or no_grad; got {weight_layout!r}, {grad_mode!r}")
-for key in ("decode_steps", "prefill_repeats", "block_size", "copy_mib", "n_layer", "n_embd", "head_dim", "n_head", "vocab_size",
-            "vha_kv_head", "batch_size", "prefill_max"):
+need(compile in ("aot", "graphs", "off"), f"compile must be auto, aot, graphs or off, got {compile!r}")
+need(compile != "aot" or device_type == "cpu", f"compile=aot builds a CPU package; on {device_type} use graphs or off")
+need(weight_layout in ("out_in", "in_out"), f"weight_layout must be out_in or in_out, got {weight_layout!r}")
+for key in ("decode_steps", "prefill_repeats", "block_size", "copy_mib", "n_layer", "n_embd", "head_dim", "n_head",
+            "vocab_size", "vha_kv_head", "batch_size", "prefill_max"):
     need(globals()[key] >= 1, f"{key} must be >= 1, got {globals()[key]}")
 need(warmup >= 0, f"warmup must be >= 0, got {warmup}")
-ptdtype = getattr(torch, dtype)
 if threads:
     torch.set_num_threads(threads)
-if compile:
+if compile == "graphs":
     import torch._dynamo
     torch._dynamo.config.recompile_limit = 64  # one graph per model and cache size
+runtimes = ([compile] if compile != "off" else []) + (["eager"] if eager or compile == "off" else [])
 
 
 def timed(fn):
@@ -99,9 +108,6 @@ def interleaved(fns, n_timed):
     return interleaved_on(fns, n_timed, warmup, device_type)
 
 
-shape = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head, head_dim=head_dim)
-
-
 def build(**kw):
     """A random-weight model of the benchmark's shape; kw picks the attention."""
     try:
@@ -110,31 +116,33 @@ def build(**kw):
         need(False, e)
 
 
-# ----------------------------------------------------------------------------- decode
+# ----------------------------------------------------------------------------- the models
 def attention_of(name):
     """Variant name -> GPTConfig overrides. mla and mfa get the cache of vha_kv_head KV heads (GQA-2's bytes)."""
     budget, d = 2 * vha_kv_head * shape["head_dim"], shape["head_dim"]  # cached values per layer per token
     if name == "mla":  # latent + shared RoPE key = the budget
-        return dict(attn="mla", n_kv_head=shape["n_head"], qk_norm=False, mla_rope_dim=d // 2, mla_kv_rank=budget - d // 2)
+        return dict(attn="mla", n_kv_head=shape["n_head"], qk_norm=False, mla_rope_dim=d // 2,
+                    mla_kv_rank=budget - d // 2)
     if name == "mfa":  # one KV head of dim budget / 2, a query of rank n_embd / 2
         return dict(attn="mfa", n_kv_head=1, head_dim=budget // 2, q_rank=shape["n_embd"] // 2)
     kv = {"mha": shape["n_head"], "mqa": 1, "vha_folded": vha_kv_head}.get(name)
     if kv is None and name.startswith("gqa") and name[3:].isdigit():
         kv = int(name[3:])
-    need(kv is not None, f"unknown variant {name!r}: choose from mha, mqa, gqaN (N KV heads, e.g. gqa2), vha_folded, mla, mfa, ckpt (with --ckpt)")
-    need(kv >= 1 and shape["n_head"] % kv == 0, f"variant {name!r}: {shape['n_head']} query heads cannot share {kv} KV heads evenly")
+    need(kv is not None, f"unknown variant {name!r}: choose from mha, mqa, gqaN (N KV heads, e.g. gqa2), vha_folded, "
+                         f"mla, mfa, ckpt (with --ckpt)")
+    need(kv >= 1 and shape["n_head"] % kv == 0,
+         f"variant {name!r}: {shape['n_head']} query heads cannot share {kv} KV heads evenly")
     return dict(n_kv_head=kv, attn="vha" if name == "vha_folded" else "gqa")
 
 
 def fold(vha, tag):
-    """VHA -> the plain GQA model GPT.fold_to_gqa describes; checks the logits agree (float64)."""
+    """VHA -> the plain GQA model fold_to_gqa builds; checks the logits agree (float64)."""
     vha64 = copy.deepcopy(vha).double().eval()
     try:
-        cfg, state = vha64.fold_to_gqa()
+        folded = fold_to_gqa(vha64).eval()
     except ValueError as e:
         need(False, f"{tag}: {e}")
-    folded = GPT(cfg).double().eval()
-    folded.load_state_dict(state)
+    cfg = folded.cfg
     x = torch.randint(cfg.vocab_size, (2, min(16, cfg.block_size)), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         diff = (vha64(x)[0] - folded(x)[0]).abs().max().item()
@@ -144,7 +152,7 @@ def fold(vha, tag):
 
 
 def decode_models():
-    """name -> model on the device in dtype, eval (a VHA, random or --ckpt, folded first); the fold checks; --ckpt's meta."""
+    """name -> model (float32, eval; a VHA one, random or --ckpt, folded first), the fold checks, --ckpt's meta."""
     names, models, fold_diffs, meta = [v for v in variants.split(",") if v and v != "ckpt"], {}, {}, None
     need(ckpt or "ckpt" not in variants.split(","), "variant 'ckpt' needs --ckpt=PATH")
     if ckpt:
@@ -169,47 +177,12 @@ def decode_models():
                     block.attn.premix.add_(0.1 * torch.randn_like(block.attn.premix))
                     block.attn.postmix_V.normal_(0, 0.3)
             model, fold_diffs[name] = fold(model, name)
-        models[name] = model
-    for model in models.values():
-        model.to(device, ptdtype).eval()
-        if weight_layout == "in_out":
-            model.use_decode_layout()  # same values and shape, transposed storage
+        models[name] = model.float().eval()
     return models, fold_diffs, meta
 
 
-def llama_runners(models, meta):
-    """'<name>@llama.cpp' -> (runner, name): the folded VHA model and --ckpt in llama.cpp, where it can run."""
-    names, runners = [n for n in ("vha_folded", "ckpt") if n in models and llama_cpp], {}
-    if names and (why := llamacpp.why_not(device_type)):
-        print(f"llama.cpp: not timed: {why}")
-        return {}
-    for name in names:
-        try:
-            runners[f"{name}@llama.cpp"] = (llamacpp.LlamaCpp(models[name], meta if name == "ckpt" else None), name)
-        except ValueError as e:  # a model llama.cpp's qwen3 cannot express (e.g. qk_norm=False)
-            print(f"llama.cpp: {name} not timed: {e}")
-    if runners:
-        print(f"llama.cpp: llama-cpp-python {llamacpp.version()}, {dtype} weights and KV cache, {torch.get_num_threads()} "
-              f"threads, the context filled by a real prefill; one llama_decode per token")
-    return runners
-
-
-def copy_bandwidth():
-    """The peak this run can reach: a large tensor copy, read + write counted (device to device on CUDA)."""
-    src = torch.full((copy_mib * 2**20 // 4,), 1.0, device=device)
-    dst = torch.empty_like(src)
-    seconds = statistics.median([timed(lambda: dst.copy_(src)) for _ in range(6)][1:])  # the first is a warm-up
-    return 2 * copy_mib * 2**20 / seconds
-
-
-def matmul_peak():
-    """FLOP/s of a 1024^3 matmul in the run's dtype: the compute ceiling this run can reach."""
-    a = torch.randn(1024, 1024, device=device, dtype=ptdtype)
-    return 2 * 1024**3 / statistics.median([timed(lambda: a @ a) for _ in range(6)][1:])
-
-
-def time_attention(models, ctx):
-    """Median s/token of the one-token attention alone (every layer, no projections), over ctx random K/V per
+def time_attention(models, ctx, ptdtype):
+    """Median s/token of the one-token attention alone (every layer, no projections, eager), over ctx random K/V per
     layer: the part of a decode step that grows with the cache, without the weights it evicts."""
     fns, rand = {}, lambda *shape: torch.randn(*shape, device=device, dtype=ptdtype)
     for name, model in models.items():
@@ -226,7 +199,8 @@ def time_attention(models, ctx):
             fns[name] = lambda kv=kv, q=q: [grouped_decode_attention(q, k, v) for k, v in kv]
         else:
             fns[name] = lambda kv=kv, q=q: [sdpa(q, k, v) for k, v in kv]  # as the model calls it
-    return interleaved(fns, decode_steps)
+    with torch.inference_mode():
+        return interleaved(fns, decode_steps)
 
 
 def weight_bytes(model):
@@ -235,46 +209,64 @@ def weight_bytes(model):
     return n if model.cfg.tie_embeddings else n - model.embed.weight.numel() * model.embed.weight.element_size()
 
 
-def decode_step(model, ctx, compiled):
+def compiled_steps(models):
+    """name -> (the compiled one-token step, seconds it took to build or load, whether it was built), for the
+    compiled runtime: an AOTInductor package (CPU) or torch.compile with CUDA graphs."""
+    steps, folder = {}, compile_cache or default_folder()
+    for name, model in models.items():
+        t0 = time.perf_counter()
+        if compile == "aot":
+            step = compiled_decode(model, folder, batch_size, autotune=compile_autotune)
+            steps[name] = (step, step.seconds, step.built)
+        elif compile == "graphs":  # compiled at its first call, timed there
+            steps[name] = (torch.compile(model.decode_one_token, fullgraph=True, mode="reduce-overhead"), 0.0, True)
+        print(f"{name}: compiled step {'built' if steps[name][2] else 'loaded'} in {time.perf_counter() - t0:.1f} s"
+              + (f" ({step.path})" if compile == "aot" else ""))
+    return steps
+
+
+def decode_step(model, ctx, runtime, compiled):
     """A closure that decodes one token at positions ctx, ctx+1, ... (the cache holds positions < ctx)."""
     token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
-    if compiled is None:  # an int position: attention reads the filled prefix
+    if runtime == "eager":  # an int position: attention reads the filled prefix
         positions = itertools.count(ctx)
         return lambda: model.decode_one_token(token, next(positions))
-    pos = torch.tensor([ctx], device=device)  # a tensor position: static shapes, one graph per cache size
-    return lambda: (compiled(token, pos), pos.add_(1))
+    pos = torch.tensor([ctx], device=device)  # a tensor position: static shapes, the cache masked past it
+    return lambda: (compiled[0](token, pos), pos.add_(1))
 
 
 def time_decode(models, ctx, compiled, runners={}):
-    """Median s/token at context ctx for every model; the context is random K/V written straight into
-    the cache (a real prefill of 16K tokens takes ~20 s per variant on CPU; speed ignores the values).
-    llama.cpp runners are filled by a real prefill (its time to first token kept in runner.ttft) and join the round."""
-    steps, kv_alloc = {}, {}
-    for name, model in models.items():
-        model.setup_cache(batch_size, ctx + 1 + warmup + decode_steps)
-        for block in model.blocks:
-            block.attn.kv_cache.k[:, :, :ctx].normal_()
-            block.attn.kv_cache.v[:, :, :ctx].normal_()
-        kv_alloc[name] = sum(b.attn.kv_cache.k.nbytes + b.attn.kv_cache.v.nbytes for b in model.blocks)
-        steps[name] = decode_step(model, ctx, compiled.get(name))
-        if compiled:
-            steps[name]()  # compiles (per model and cache size: ~20 s on CPU), untimed
-    for name, (runner, base) in runners.items():
-        runner.load(ctx + 1 + warmup + decode_steps)
-        runner.ttft[min(ctx, prefill_max)] = runner.fill(ctx, prefill_max)
-        steps[name], kv_alloc[name] = runner.step, kv_alloc[base]  # the same cache dtype and shape
-    with torch.inference_mode(grad_mode == "inference"):  # no version counters or view tracking: fewer us per op
+    """Median s/token at context ctx of every (model, runtime) -> ({(name, runtime): s}, {name: KV bytes allocated},
+    {name: seconds of the first compiled call}). The context is random K/V written straight into the cache (a real
+    prefill of 16K tokens takes ~20 s per variant on CPU; speed ignores the values). llama.cpp runners are filled by
+    a real prefill (its time to first token kept in runner.ttft) and join the rounds."""
+    steps, kv_alloc, first = {}, {}, {}
+    with torch.inference_mode():  # no autograd bookkeeping (and one CUDA graph, not a no_grad one and then another)
+        for name, model in models.items():
+            model.setup_cache(batch_size, ctx + 1 + warmup + decode_steps)
+            for block in model.blocks:
+                block.attn.kv_cache.k[:, :, :ctx].normal_()
+                block.attn.kv_cache.v[:, :, :ctx].normal_()
+            kv_alloc[name] = sum(b.attn.kv_cache.k.nbytes + b.attn.kv_cache.v.nbytes for b in model.blocks)
+            for runtime in runtimes:
+                steps[(name, runtime)] = decode_step(model, ctx, runtime, compiled.get(name))
+                if runtime != "eager":
+                    first[name] = timed(steps[(name, runtime)])  # CUDA graphs: the compile and the recording
+        for name, (runner, base) in runners.items():
+            runner.load(ctx + 1 + warmup + decode_steps)
+            runner.ttft[min(ctx, prefill_max)] = runner.fill(ctx, prefill_max)
+            steps[(name, "llama.cpp")], kv_alloc[name] = runner.step, kv_alloc[base]  # the same cache dtype and shape
         seconds = interleaved(steps, decode_steps)  # (a runner's context is freed by its next load)
     for model in models.values():  # free the caches before the next context
         for block in model.blocks:
             block.attn.kv_cache = None
-    if compiled:
+    if compile == "graphs":
         torch._dynamo.reset()
-    return seconds, kv_alloc
+    return seconds, kv_alloc, first
 
 
 def time_prefill(models, length):
-    """Median seconds of a prefill of `length` tokens (time to first token), interleaved."""
+    """Median seconds of a prefill of `length` tokens (eager: the time to first token after the model is loaded)."""
     prompt = torch.randint(shape["vocab_size"], (batch_size, length), device=device)
     for model in models.values():
         model.setup_cache(batch_size, length)
@@ -286,102 +278,142 @@ def time_prefill(models, length):
     return {name: statistics.median(ts) for name, ts in seconds.items()}
 
 
-def op_floor_model():
+def op_floor_model(ptdtype):
     """The same layers and ops at head dim 2 (width 2 x n_head): what is left is per-op overhead."""
     torch.manual_seed(seed)
-    return build(n_embd=2 * shape["n_head"], head_dim=2, mlp_hidden=2 * shape["n_head"], n_kv_head=vha_kv_head).to(device, ptdtype).eval()
+    model = build(n_embd=2 * shape["n_head"], head_dim=2, mlp_hidden=2 * shape["n_head"], n_kv_head=vha_kv_head)
+    return model.to(device, ptdtype).eval()
 
 
-def compiled_steps(models):
-    """name -> the compiled one-token step (CUDA: with CUDA graphs), or {} when compile is off."""
-    kw = dict(mode="reduce-overhead") if device_type == "cuda" else {}
-    return {n: torch.compile(m.decode_one_token, fullgraph=True, **kw) for n, m in models.items()} if compile else {}
-
-
-def decode_table(models, ctxs, bw, runners):
-    """Prefill (TTFT) and decode at every context -> one row per (variant, context), printed."""
+# ----------------------------------------------------------------------------- the report
+def decode_table(models, ctxs, bw, runners, compiled, ptdtype):
+    """Prefill (TTFT) and decode at every context -> one row per (variant, runtime, context), printed."""
     prefill = {length: time_prefill(models, length) for length in sorted({min(c, prefill_max) for c in ctxs})}
-    compiled, rows = compiled_steps(models), []
+    rows, first_calls = [], {}
     for ctx in ctxs:
-        seconds, kv_alloc = time_decode(models, ctx, compiled, runners)
-        for name in seconds:
-            model, p_len, s = models[runners[name][1] if name in runners else name], min(ctx, prefill_max), seconds[name]
-            ttft, kv_tok = runners[name][0].ttft[p_len] if name in runners else prefill[p_len][name], model.kv_bytes_per_token(ptdtype)
+        seconds, kv_alloc, first = time_decode(models, ctx, compiled, runners)
+        first_calls.setdefault(ctx, first)
+        for (name, runtime), s in seconds.items():
+            model, p_len = models[runners[name][1] if name in runners else name], min(ctx, prefill_max)
+            ttft = runners[name][0].ttft[p_len] if name in runners else prefill[p_len][name]
+            kv_tok = model.cfg.kv_bytes_per_token(ptdtype)
             step_bytes = weight_bytes(model) + kv_tok * ctx * batch_size  # read once per decoded token
-            rows.append(dict(variant=name, ctx=ctx, kv_bytes_per_token=kv_tok, kv_cache_mb=kv_alloc[name] / 1e6, prefill_len=p_len,
-                             ttft_ms=ttft * 1e3, prefill_tok_s=batch_size * p_len / ttft,
-                             decode_ms=s * 1e3, decode_tok_s=batch_size / s, mb_per_step=step_bytes / 1e6,
-                             gb_s=step_bytes / s / 1e9, bw_frac=step_bytes / s / bw))
-    print_table(rows, [("variant", "variant", "{}"), ("context", "ctx", "{}"), ("KV B/token", "kv_bytes_per_token", "{}"),
-                       ("KV MB alloc", "kv_cache_mb", "{:.1f}"), ("prefill", "prefill_len", "{}"), ("TTFT ms", "ttft_ms", "{:.1f}"),
+            rows.append(dict(variant=name, runtime=runtime, ctx=ctx, kv_bytes_per_token=kv_tok,
+                             kv_cache_mb=kv_alloc[name] / 1e6, prefill_len=p_len, ttft_ms=ttft * 1e3,
+                             prefill_tok_s=batch_size * p_len / ttft, decode_ms=s * 1e3, decode_tok_s=batch_size / s,
+                             mb_per_step=step_bytes / 1e6, gb_s=step_bytes / s / 1e9, bw_frac=step_bytes / s / bw))
+    print_table(rows, [("variant", "variant", "{}"), ("runtime", "runtime", "{}"), ("context", "ctx", "{}"),
+                       ("KV B/token", "kv_bytes_per_token", "{}"), ("KV MB alloc", "kv_cache_mb", "{:.1f}"),
+                       ("prefill", "prefill_len", "{}"), ("TTFT ms", "ttft_ms", "{:.1f}"),
                        ("prefill tok/s", "prefill_tok_s", "{:.0f}"), ("decode ms/tok", "decode_ms", "{:.2f}"),
                        ("decode tok/s", "decode_tok_s", "{:.1f}"), ("MB/step", "mb_per_step", "{:.1f}"),
                        ("GB/s", "gb_s", "{:.1f}"), ("of peak", "bw_frac", "{:.0%}")])
-    return rows
+    return rows, first_calls
 
 
-def breakdown_at(models, at, top, bw, runners):
-    """Where a token's time goes at context `top`: the fixed part (a step at context 1, timed right after the
-    sweep: weights + per-op overhead), the part that grows with the cache, and the attention alone against its
+def compile_costs(models, at, ctx, compiled, first_calls):
+    """What the compiled step costs and when it pays, per variant at context ctx: the seconds to build it (or to load
+    a cached package), eager and compiled ms/token, and the break-even: the tokens after which build + compiled
+    decode beats eager decode. -> {variant: figures}, printed."""
+    costs = {}
+    for name in models:
+        build_s = compiled[name][1] + first_calls.get(name, 0.0)  # aot: build or load; graphs: the first call
+        c_ms, e_ms = at[(name, compile, ctx)]["decode_ms"], at[(name, "eager", ctx)]["decode_ms"]
+        saved = (e_ms - c_ms) / 1e3
+        costs[name] = dict(variant=name, built=compiled[name][2], build_s=build_s, eager_ms=e_ms, compiled_ms=c_ms,
+                           speedup=e_ms / c_ms, break_even_tokens=build_s / saved if saved > 0 else None)
+    print(f"\nthe compiled step ({compile}) at context {ctx}: its cost and when it pays (break-even: the tokens after "
+          f"which building it and decoding compiled beat decoding eagerly; a cached package only costs its load)")
+    print_table(costs.values(), [("variant", "variant", "{}"), ("built (else loaded)", "built", "{}"),
+                                 ("build/load s", "build_s", "{:.1f}"), ("eager ms/tok", "eager_ms", "{:.2f}"),
+                                 ("compiled ms/tok", "compiled_ms", "{:.2f}"), ("speed-up", "speedup", "{:.2f}x"),
+                                 ("break-even tokens", "break_even_tokens", "{:.0f}")])
+    return costs
+
+
+def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
+    """Where a token's time goes at context `top`, in the first runtime (compiled if on): the fixed part (a step at
+    context 1: weights + per-op overhead), the part that grows with the cache, and the attention alone against its
     roof (llama.cpp rows: the same split, no attention alone). -> ({variant: figures}, the per-op floor in ms, the
     matmul peak in FLOP/s), printed."""
-    floor_models = dict(models, op_floor=op_floor_model())  # op_floor: the same ops at head dim 2, no bandwidth
-    floor_ms = {n: s * 1e3 for n, s in time_decode(floor_models, 1, compiled_steps(floor_models), runners)[0].items()}
-    attn_s, flops_peak, breakdown = time_attention(models, top), matmul_peak(), {}
+    runtime = runtimes[0]
+    floor = {"op_floor": op_floor_model(ptdtype)}  # the same ops at head dim 2, no bandwidth to speak of
+    floor_compiled = dict(compiled, **(compiled_steps(floor) if runtime != "eager" else {}))
+    floor_s = time_decode(dict(models, **floor), 1, floor_compiled, runners)[0]
+    floor_ms = {n: s * 1e3 for (n, r), s in floor_s.items() if r in (runtime, "llama.cpp")}
+    attn_s, flops_peak, breakdown = time_attention(models, top, ptdtype), matmul_peak(device, ptdtype), {}
     for name in [*models, *runners]:
         model = models[runners[name][1] if name in runners else name]
-        r, weights_ms, c = at[(name, top)], weight_bytes(model) / bw * 1e3, model.cfg
+        r = at[(name, "llama.cpp" if name in runners else runtime, top)]
+        weights_ms, c = weight_bytes(model) / bw * 1e3, model.cfg
         kv_ms, kv_bytes = r["decode_ms"] - floor_ms[name], r["mb_per_step"] * 1e6 - weight_bytes(model)
-        width = (2 * c.mla_kv_rank + c.mla_rope_dim) if c.attn == "mla" else 2 * c.head_dim  # QK^T + PV widths (absorb: latent)
+        width = (2 * c.mla_kv_rank + c.mla_rope_dim) if c.attn == "mla" else 2 * c.head_dim  # QK^T + PV widths
         attn_flops = 2 * c.n_layer * c.n_head * width * top * batch_size  # 2 FLOPs per multiply-accumulate
-        breakdown[name] = dict(variant=name, ms_ctx1=floor_ms[name], weights_ms=weights_ms, overhead_ms=floor_ms[name] - weights_ms,
-                               ms_top=r["decode_ms"], kv_ms=kv_ms, kv_gb_s=kv_bytes / kv_ms / 1e6 if kv_ms > 0 else None,
+        breakdown[name] = dict(variant=name, ms_ctx1=floor_ms[name], weights_ms=weights_ms,
+                               overhead_ms=floor_ms[name] - weights_ms, ms_top=r["decode_ms"], kv_ms=kv_ms,
+                               kv_gb_s=kv_bytes / kv_ms / 1e6 if kv_ms > 0 else None,
                                roofline_ms=r["mb_per_step"] / bw * 1e9)
         if name in attn_s:
-            breakdown[name].update(attn_ms=attn_s[name] * 1e3, attn_gb_s=kv_bytes / attn_s[name] / 1e9, attn_gflop_s=attn_flops / attn_s[name] / 1e9,
+            s = attn_s[name]
+            breakdown[name].update(attn_ms=s * 1e3, attn_gb_s=kv_bytes / s / 1e9, attn_gflop_s=attn_flops / s / 1e9,
                                    attn_roof_ms=max(kv_bytes / bw, attn_flops / flops_peak) * 1e3)
-    print(f"\nbreakdown at context {top}: ms/token at context 1 = weights + per-op overhead; the rest grows with the cache")
-    print_table(breakdown.values(), [("variant", "variant", "{}"), ("ms @ctx 1", "ms_ctx1", "{:.2f}"),
-                                     ("weights at peak BW", "weights_ms", "{:.2f}"), ("ctx 1 - weights", "overhead_ms", "{:.2f}"),
-                                     (f"ms @ctx {top}", "ms_top", "{:.2f}"), ("KV part ms", "kv_ms", "{:.2f}"),
-                                     ("KV part GB/s", "kv_gb_s", "{:.1f}"), ("roofline ms", "roofline_ms", "{:.2f}")])
-    print(f"pure per-op overhead (same layers and ops at head dim 2, no bandwidth to speak of): {floor_ms['op_floor']:.2f} ms/token")
-    print(f"\nthe attention alone at context {top} (every layer, random K/V, no projections); matmul peak {flops_peak / 1e9:.1f} GFLOP/s "
-          f"(1024^3, {dtype}); its roof = max(K/V bytes at peak bandwidth, FLOPs at the matmul peak)")
-    print_table([b for n, b in breakdown.items() if n in models], [("variant", "variant", "{}"), ("attention ms", "attn_ms", "{:.2f}"), ("K/V GB/s", "attn_gb_s", "{:.1f}"),
-                                     ("GFLOP/s", "attn_gflop_s", "{:.1f}"), ("roof ms", "attn_roof_ms", "{:.2f}")])
+    print(f"\nbreakdown at context {top} ({runtime}): ms/token at context 1 = weights + per-op overhead; the rest "
+          f"grows with the cache")
+    print_table(breakdown.values(), [
+        ("variant", "variant", "{}"), ("ms @ctx 1", "ms_ctx1", "{:.2f}"),
+        ("weights at peak BW", "weights_ms", "{:.2f}"), ("ctx 1 - weights", "overhead_ms", "{:.2f}"),
+        (f"ms @ctx {top}", "ms_top", "{:.2f}"), ("KV part ms", "kv_ms", "{:.2f}"),
+        ("KV part GB/s", "kv_gb_s", "{:.1f}"), ("roofline ms", "roofline_ms", "{:.2f}")])
+    print(f"pure per-op overhead (same layers and ops at head dim 2, no bandwidth to speak of): "
+          f"{floor_ms['op_floor']:.2f} ms/token")
+    print(f"\nthe attention alone at context {top} (every layer, random K/V, no projections, eager); matmul peak "
+          f"{flops_peak / 1e9:.1f} GFLOP/s (1024^3, {str(ptdtype)[6:]}); its roof = max(K/V bytes at peak bandwidth, "
+          f"FLOPs at the matmul peak)")
+    print_table([b for n, b in breakdown.items() if n in models], [
+        ("variant", "variant", "{}"), ("attention ms", "attn_ms", "{:.2f}"), ("K/V GB/s", "attn_gb_s", "{:.1f}"),
+        ("GFLOP/s", "attn_gflop_s", "{:.1f}"), ("roof ms", "attn_roof_ms", "{:.2f}")])
     return breakdown, floor_ms["op_floor"], flops_peak
 
 
-def check_targets(models, at, breakdown, top, op_floor_ms):
+def check_targets(models, at, breakdown, top, op_floor_ms, dtype_name):
     """The folded VHA model's decode targets at context `top`, printed PASS/FAIL -> {name: measured ratio}."""
-    targets = {}
+    targets, runtime = {}, runtimes[0]
     if "vha_folded" not in models:
         return targets
-    vha, b = at[("vha_folded", top)], breakdown["vha_folded"]
-    print(f"\ntargets at context {top}:" + ("" if (top, dtype) == (16384, "float32") else f"  (set at 16K float32; this is {top}, {dtype})"))
+    vha, b = at[("vha_folded", runtime, top)], breakdown["vha_folded"]
+    note = "" if (top, dtype_name) == (16384, "float32") else f"  (set at 16K float32; this is {top}, {dtype_name})"
+    print(f"\ntargets at context {top} ({runtime}):{note}")
     if "mha" in models:
-        targets["vha_over_mha"] = x = vha["decode_tok_s"] / at[("mha", top)]["decode_tok_s"]
+        targets["vha_over_mha"] = x = vha["decode_tok_s"] / at[("mha", runtime, top)]["decode_tok_s"]
         kv_only = f"{breakdown['mha']['kv_ms'] / b['kv_ms']:.1f}x" if b["kv_ms"] > 0 else "n/a"
         targets["vha_over_mha_roofline"] = best = breakdown["mha"]["roofline_ms"] / b["roofline_ms"]
         print(f"  folded VHA decode tok/s >= 3x MHA: {x:.2f}x (the KV parts alone: {kv_only}; at the roofline, "
               f"weights + KV at peak bandwidth, no implementation can beat {best:.2f}x)  {verdict(x >= 3)}")
     if f"gqa{vha_kv_head}" in models:
-        targets["vha_over_gqa_same"] = x = vha["decode_tok_s"] / at[(f"gqa{vha_kv_head}", top)]["decode_tok_s"]
-        print(f"  folded VHA within 5% of gqa{vha_kv_head} (same deployed shape, built directly): {x:.3f}x  {verdict(abs(x - 1) <= 0.05)}")
+        x = vha["decode_tok_s"] / at[(f"gqa{vha_kv_head}", runtime, top)]["decode_tok_s"]
+        targets["vha_over_gqa_same"] = x
+        print(f"  folded VHA within 5% of gqa{vha_kv_head} (same deployed shape, built directly): {x:.3f}x  "
+              f"{verdict(abs(x - 1) <= 0.05)}")
     targets["vha_bw_frac"] = x = vha["bw_frac"]
     print(f"  folded VHA >= 50% of copy bandwidth (weights + KV per step / time): {x:.0%}  {verdict(x >= 0.5)}")
-    print(f"  where the time goes: {b['ms_top']:.2f} ms/token = {b['ms_ctx1']:.2f} ms fixed (weights at peak: {b['weights_ms']:.2f}, "
-          f"per-op overhead alone: {op_floor_ms:.2f}) + {b['kv_ms']:.2f} ms for the KV cache; roofline {b['roofline_ms']:.2f} ms")
+    print(f"  where the time goes: {b['ms_top']:.2f} ms/token = {b['ms_ctx1']:.2f} ms fixed (weights at peak: "
+          f"{b['weights_ms']:.2f}, per-op overhead alone: {op_floor_ms:.2f}) + {b['kv_ms']:.2f} ms for the KV cache; "
+          f"roofline {b['roofline_ms']:.2f} ms")
     return targets
 
 
 def llama_ratios(at, runners, ctxs):
-    """Our eager decode tok/s over llama.cpp's, same model, per context -> {runner: {ctx: ratio}}, printed."""
-    ratios = {name: {ctx: at[(base, ctx)]["decode_tok_s"] / at[(name, ctx)]["decode_tok_s"] for ctx in ctxs}
-              for name, (_, base) in runners.items()}
-    for name, by_ctx in ratios.items():
-        print(f"\nours / llama.cpp decode tok/s, {runners[name][1]}: " + ", ".join(f"{x:.2f}x at {c}" for c, x in by_ctx.items()))
+    """Our decode tok/s over llama.cpp's, same model, per context and runtime -> {runner: {runtime: {ctx: ratio}}},
+    printed, with the target (>= 1.0x from 1K on) for the first runtime."""
+    ratios = {}
+    for name, (_, base) in runners.items():
+        theirs = {ctx: at[(name, "llama.cpp", ctx)]["decode_tok_s"] for ctx in ctxs}
+        ratios[name] = {r: {ctx: at[(base, r, ctx)]["decode_tok_s"] / theirs[ctx] for ctx in ctxs} for r in runtimes}
+        for runtime, by_ctx in ratios[name].items():
+            line = ", ".join(f"{x:.2f}x at {c}" for c, x in by_ctx.items())
+            judged = [x for c, x in by_ctx.items() if c >= 1024]
+            goal = f"  >= 1.0x from 1K: {verdict(min(judged) >= 1.0)}" if runtime == runtimes[0] and judged else ""
+            print(f"\nours ({runtime}) / llama.cpp decode tok/s, {base}: {line}{goal}")
     return ratios
 
 
@@ -389,51 +421,70 @@ def run_decode():
     parts = contexts.split(",")
     need(contexts == "auto" or all(p.isdigit() and int(p) >= 1 for p in parts),
          f"--contexts wants comma-separated positive integers (e.g. 1024,4096) or auto, got {contexts!r}")
-    ctxs = [2**i for i in range(10, 18 if device_type == "cuda" else 15)] if contexts == "auto" else [int(p) for p in parts]
+    top_auto = 18 if device_type == "cuda" else 15
+    ctxs = [2**i for i in range(10, top_auto)] if contexts == "auto" else [int(p) for p in parts]
     models, fold_diffs, meta = decode_models()
-    runners = llama_runners(models, meta)
-    bw = copy_bandwidth()
+    probe = models.get("vha_folded") or next(iter(models.values()))  # "auto" times the folded VHA model
+    dtype_name, why = choose_decode_dtype(device_type, dtype, probe.to(device))
+    ptdtype = getattr(torch, dtype_name)
+    for model in models.values():
+        model.to(device, ptdtype)
+        if weight_layout == "in_out":
+            model.use_decode_layout()  # same values and shape, transposed storage
+    names = [n for n in ("vha_folded", "ckpt") if n in models] if llama_cpp else []
+    runners = llamacpp.runners({n: models[n] for n in names}, {"ckpt": meta}, device_type)
+    bw = copy_bandwidth(device, copy_mib)
     c = next(iter(models.values())).cfg
-    print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, batch {batch_size}, decode attention {decode_impl}, "
-          f"compile {compile}, weights {weight_layout}, grad mode {grad_mode}; {c.n_layer} layers, width {c.n_embd}, {c.n_head} query heads of dim {c.head_dim}, vocab {c.vocab_size}")
+    print(f"cpu {cpu_kind()}" if device_type == "cpu" else f"device {torch.cuda.get_device_name()}")
+    print(f"device {device}, dtype {why}; threads {torch.get_num_threads()}, batch {batch_size}, decode attention "
+          f"{decode_impl}, runtimes {', '.join(runtimes)}, weights {weight_layout}; {c.n_layer} layers, width "
+          f"{c.n_embd}, {c.n_head} query heads of dim {c.head_dim}, vocab {c.vocab_size}")
     print(f"peak bandwidth (copy of {copy_mib} MiB, read + write): {bw / 1e9:.1f} GB/s")
     print(f"decode: the context is random K/V written into the cache (no prefill), then {decode_steps} timed steps "
-          f"(+{warmup} warm-up) per variant, interleaved; prefill (TTFT) timed separately at min(context, {prefill_max})")
-    rows = decode_table(models, ctxs, bw, runners)
+          f"(+{warmup} warm-up) per variant and runtime, interleaved; prefill (TTFT) timed separately at "
+          f"min(context, {prefill_max})")
+    compiled = compiled_steps(models) if compile != "off" else {}
+    rows, first_calls = decode_table(models, ctxs, bw, runners, compiled, ptdtype)
     top = 16384 if 16384 in ctxs else max(ctxs)
-    at = {(r["variant"], r["ctx"]): r for r in rows}
-    breakdown, op_floor_ms, flops_peak = breakdown_at(models, at, top, bw, runners)
-    targets = check_targets(models, at, breakdown, top, op_floor_ms)
+    at = {(r["variant"], r["runtime"], r["ctx"]): r for r in rows}
+    costs = compile_costs(models, at, ctxs[0], compiled, first_calls[ctxs[0]]) if len(runtimes) == 2 else {}
+    breakdown, op_floor_ms, flops_peak = breakdown_at(models, at, top, bw, runners, compiled, ptdtype)
+    targets = check_targets(models, at, breakdown, top, op_floor_ms, dtype_name)
     ratios = llama_ratios(at, runners, ctxs)
     for runner, _ in runners.values():
         runner.close()
     if plot:
-        plot_decode(rows, ctxs, plot)
-    return dict(mode="decode", device=device, dtype=dtype, threads=torch.get_num_threads(), batch_size=batch_size,
-                decode_impl=decode_impl, compile=compile, weight_layout=weight_layout, grad_mode=grad_mode, kv_fill="random K/V written into the cache", copy_gb_s=bw / 1e9,
+        plot_decode(rows, ctxs, plot, dtype_name)
+    return dict(mode="decode", device=device, cpu=cpu_kind() if device_type == "cpu" else None, dtype=dtype_name,
+                dtype_reason=why, threads=torch.get_num_threads(), batch_size=batch_size, decode_impl=decode_impl,
+                compile=compile, runtimes=runtimes, weight_layout=weight_layout,
+                kv_fill="random K/V written into the cache", copy_gb_s=bw / 1e9,
                 model={k: getattr(c, k) for k in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size")},
-                fold_max_logit_diff=fold_diffs, op_floor_ms=op_floor_ms, matmul_gflop_s=flops_peak / 1e9, results=rows,
-                breakdown=list(breakdown.values()), targets=targets,
+                fold_max_logit_diff=fold_diffs, op_floor_ms=op_floor_ms, matmul_gflop_s=flops_peak / 1e9,
+                results=rows, compile_costs=list(costs.values()), breakdown=list(breakdown.values()), targets=targets,
                 llama_cpp=dict(version=llamacpp.version(), ours_over_llama_cpp=ratios) if runners else None)
 
 
-def plot_decode(rows, ctxs, path):
+def plot_decode(rows, ctxs, path, dtype_name):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name in dict.fromkeys(r["variant"] for r in rows):
-        mine = [r for r in rows if r["variant"] == name]
+    for name, runtime in dict.fromkeys((r["variant"], r["runtime"]) for r in rows):
+        mine = [r for r in rows if (r["variant"], r["runtime"]) == (name, runtime)]
+        label = name if runtime in (runtimes[0], "llama.cpp") else f"{name} ({runtime})"
+        style = ":" if runtime == "eager" and len(runtimes) == 2 else "--" if "vha" in name else "-"
         for ax, key in zip(axes, ("decode_tok_s", "kv_cache_mb")):
-            ax.plot([r["ctx"] for r in mine], [r[key] for r in mine], marker="o", label=name, ls="--" if "vha" in name else "-")
+            if key == "decode_tok_s" or runtime == runtimes[0]:
+                ax.plot([r["ctx"] for r in mine], [r[key] for r in mine], marker="o", label=label, ls=style)
     for ax, label in zip(axes, ("decode tokens/s", "KV cache allocated (MB)")):
         ax.set(xscale="log", xlabel="context (tokens)", ylabel=label)
         ax.set_xticks(ctxs, [f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in ctxs])
         ax.minorticks_off()
         ax.grid(alpha=0.3)
     axes[1].set_yscale("log")
-    axes[0].legend()
-    fig.suptitle(f"decode on {device} ({dtype}, batch {batch_size})")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"decode on {device} ({dtype_name}, batch {batch_size}, {runtimes[0]})")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")

@@ -1,8 +1,10 @@
 """
 Converts a trained GQA model into a smaller-KV-cache model to warm up, and says per layer how close the start is:
 
-    python convert.py --src=Qwen3-0.6B --out_dir=out-qwen-vha --n_kv_head=2              # VHA: 16 virtual / 8 physical / 2 KV heads
-    python convert.py --src=Qwen3-0.6B --out_dir=out-qwen-gqa2 --n_kv_head=2 --to=gqa    # baseline: GQA 16 Q / 2 KV, mean-pooled
+    python convert.py --src=Qwen3-0.6B --out_dir=out-qwen-vha --n_kv_head=2
+        # VHA: 16 virtual / 8 physical / 2 KV heads
+    python convert.py --src=Qwen3-0.6B --out_dir=out-qwen-gqa2 --n_kv_head=2 --to=gqa
+        # baseline: GQA 16 Q / 2 KV, mean-pooled
     python convert.py --src=out-gqa/ckpt.pt --out_dir=out-vha-conv --calib=data/shakespeare_char/val.bin
 
 --src is a Hugging Face Qwen3ForCausalLM folder (qwen3.model_from_hf) or a checkpoint this repo wrote. The source
@@ -11,9 +13,10 @@ heads over H_kv KV heads, so target KV head g replaces the r = H_src / H_kv adja
 exactly the ones its query heads j = g*H_p + h (H_p = H_q / H_kv) read before. Everything else (embeddings, norms,
 MLPs, W_o, lm_head) is copied. In float64, cast back:
 
-    K/V (both targets):  W_k'[g] = (1/r) sum_{i<r} W_k[g*r + i],  W_v'[g] likewise      (GQA uptraining, Ainslie et al. 2023)
+    K/V (both targets):  W_k'[g] = (1/r) sum_{i<r} W_k[g*r + i],  W_v'[g] likewise
+                         (GQA uptraining, Ainslie et al. 2023)
     VHA queries:         W_q'[h] = W_q[h] for h < H_p (the group-0 source heads; P[0] = I)
-                         P[g] = argmin_P sum_h ||A_h - P^T B_h||_F^2 + lam ||P||_F^2,  B_h = W_q[h], A_h = W_q[g*H_p + h]
+                         P[g] = argmin_P sum_h ||A_h - P^T B_h||_F^2 + lam ||P||_F^2, B_h = W_q[h], A_h = W_q[g*H_p + h]
                               = (B B^T + lam I)^{-1} B A^T   with B = [B_0 .. B_{H_p-1}], A likewise (d x H_p*D)
                          --premix_fit=activations: the queries on calibration inputs X instead, C = X^T X:
                          P[g] = (sum_h B_h C B_h^T + lam I)^{-1} sum_h B_h C A_h^T
@@ -46,7 +49,9 @@ n_kv_head = 2  # KV heads of the target; must divide the source's
 premix_fit = "weights"  # "weights": P from W_q alone; "activations": P fits the queries on the calibration tokens
 ridge = 1e-6  # premix ridge, relative: lam = ridge * tr(B B^T) / d (scale-free); 0 = plain least squares
 postmix_rank = 0  # rank r of V U^T; 0: GPTConfig's default max(1, n_head // 4)
-calib = ""  # calibration tokens: a .bin of token ids (uint16, or as its folder's meta.pkl says), or a UTF-8 text file (source tokenizer); "": the source's val.bin, else random
+# calibration tokens: a .bin of token ids (uint16, or as its folder's meta.pkl says), or a UTF-8 text file (source
+# tokenizer); "": the source's val.bin, else random
+calib = ""
 calib_batches = 2
 batch_size = 2
 calib_len = 256  # tokens per calibration sequence (at most the model's block_size)
@@ -89,7 +94,8 @@ def target_config(cfg, target, H_kv, rank):
 def pool_heads(W, H_kv, d):
     """W (H_src*d, D) -> (H_kv*d, D): W'[g] = (1/r) sum_{i<r} W[g*r + i], r = H_src / H_kv adjacent heads."""
     H_src = W.size(0) // d
-    return W.view(H_kv, H_src // H_kv, d, W.size(1)).mean(1).reshape(H_kv * d, W.size(1))  # (H_kv, r, d, D) -> (H_kv*d, D)
+    # (H_kv, r, d, D) -> (H_kv*d, D)
+    return W.view(H_kv, H_src // H_kv, d, W.size(1)).mean(1).reshape(H_kv * d, W.size(1))
 
 
 def fit_premix(W_q, H_kv, d, lam_rel, C=None):
@@ -148,9 +154,11 @@ def convert(source, target, H_kv, lam_rel=1e-6, rank=0, seed=0, grams=None):
             W_q, P, err = fit_premix(W_q, H_kv, d, lam_rel, None if grams is None else grams[i])
             fit_errors.append(err)
             state[f"blocks.{i}.attn.premix"] = P.to(W.dtype)
-            state[f"blocks.{i}.attn.postmix_U"] = (0.01 * torch.randn(cfg.n_attn_head, cfg.vha_postmix_rank, generator=gen)).to(W)
+            state[f"blocks.{i}.attn.postmix_U"] = (0.01 * torch.randn(cfg.n_attn_head, cfg.vha_postmix_rank,
+                                                                      generator=gen)).to(W)
             state[f"blocks.{i}.attn.postmix_V"] = W.new_zeros(cfg.n_attn_head, cfg.vha_postmix_rank)  # M = I exactly
-        state[f"blocks.{i}.attn.qkv_proj.weight"] = torch.cat([W_q, pool_heads(W_k, H_kv, d), pool_heads(W_v, H_kv, d)]).to(W.dtype)
+        state[f"blocks.{i}.attn.qkv_proj.weight"] = torch.cat([W_q, pool_heads(W_k, H_kv, d),
+                                                               pool_heads(W_v, H_kv, d)]).to(W.dtype)
     return model_from_state(cfg, state, source.embed.weight.device), fit_errors
 
 
@@ -178,7 +186,8 @@ def layer_errors(source, converted, tokens):
         for i, (a, b) in enumerate(zip(source.blocks, converted.blocks)):
             h = a.attn_norm(x)
             for n, (s, t) in enumerate(zip(qkv_after_norm(a.attn, h), qkv_after_norm(b.attn, h))):
-                t = t.repeat_interleave(r, dim=2) if n else t  # (B, T, H_src, d): pooled head g serves g*r .. g*r + r - 1
+                # (B, T, H_src, d): pooled head g serves g*r .. g*r + r - 1
+                t = t.repeat_interleave(r, dim=2) if n else t
                 sq[i, n] += torch.stack([(t - s).double().pow(2).sum(), s.double().pow(2).sum()])
             x = a(x, cos, sin)
         inputs, targets = idx[:, :-1], idx[:, 1:].contiguous()  # next-token targets
@@ -195,23 +204,26 @@ def calibration_tokens(meta, config, vocab_size, block_size):
     n, T = calib_batches * batch_size, min(calib_len, block_size)
     gen = torch.Generator().manual_seed(seed)
     repo = os.path.dirname(os.path.abspath(__file__))
-    dataset_bin = os.path.join(config.get("data_dir") or os.path.join(repo, "data", config.get("dataset", "")), "val.bin")
+    dataset_bin = os.path.join(config.get("data_dir") or os.path.join(repo, "data", config.get("dataset", "")),
+                               "val.bin")
     path = calib or (dataset_bin if config.get("dataset") or config.get("data_dir") else "")
     if not path or (not calib and not os.path.isfile(path)):
-        return torch.randint(vocab_size, (n, T), generator=gen), f"RANDOM tokens, {n} x {T} (no --calib, no source val.bin)"
+        return (torch.randint(vocab_size, (n, T), generator=gen),
+                f"RANDOM tokens, {n} x {T} (no --calib, no source val.bin)")
     if not os.path.isfile(path):
         raise ValueError(f"--calib={path}: no such file; give a .bin of token ids or a UTF-8 text file")
     if path.endswith(".bin"):
         ids = torch.from_numpy(read_bin(path).astype(np.int64))  # uint16, or uint32 when its folder's meta.pkl says so
     elif not meta:
-        raise ValueError(f"--calib={path}: the source carries no tokenizer to read text with; give token ids (a .bin file)")
+        raise ValueError(f"--calib={path}: the source carries no tokenizer to read text with; "
+                         "give token ids (a .bin file)")
     else:
         with open(path, encoding="utf-8") as f:
             ids = torch.tensor(load_tokenizer(meta or {})[0](f.read()), dtype=torch.long)
     T = min(T, len(ids) - 1)
     if T < 2 or int(ids.max()) >= vocab_size:
-        raise ValueError(f"{path}: {len(ids)} tokens, ids up to {int(ids.max())}: need at least 3 tokens with ids below "
-                         f"the model's vocab ({vocab_size}); was it tokenized for another model?")
+        raise ValueError(f"{path}: {len(ids)} tokens, ids up to {int(ids.max())}: need at least 3 tokens with ids "
+                         f"below the model's vocab ({vocab_size}); was it tokenized for another model?")
     starts = torch.randint(len(ids) - T, (n,), generator=gen).tolist()
     return torch.stack([ids[i:i + T] for i in starts]), f"{n} x {T} tokens of {path}"  # (n, T)
 
@@ -233,7 +245,8 @@ def report(source, converted, fits, errors, summary, where):
         fit_text = f"{row['premix_fit_mean']:.3g} / {row['premix_fit_max']:.3g}" if fit is not None else "-"
         print(f"{i:5d}  {fit_text:>44}   {row['q']:9.3g}   {row['k']:9.3g}   {row['v']:9.3g}")
     worst, l_src, l_conv = summary
-    print(f"whole model on the calibration tokens: max |logit diff| {worst:.3g}; loss {l_src:.4f} (source) -> {l_conv:.4f} (converted)")
+    print(f"whole model on the calibration tokens: max |logit diff| {worst:.3g}; "
+          f"loss {l_src:.4f} (source) -> {l_conv:.4f} (converted)")
     return rows
 
 
@@ -261,11 +274,14 @@ def main(argv):
     errors, summary = layer_errors(source, converted.eval(), tokens)
     rows = report(source, converted, fits, errors, summary, where)
     os.makedirs(out_dir, exist_ok=True)
-    method = f"VHA: premix by ridge least squares on the {premix_fit}, K/V mean-pooled" if to == "vha" else "GQA: K/V mean-pooled"
+    method = (f"VHA: premix by ridge least squares on the {premix_fit}, K/V mean-pooled" if to == "vha"
+              else "GQA: K/V mean-pooled")
     save_checkpoint({"model": converted.state_dict(), "model_args": asdict(converted.cfg), "meta": meta, "iter_num": 0,
-                     "config": config, "kind": "converted",  # config: the source run's (dataset), {} for a Hugging Face folder
-                     "converted_from": {"src": os.path.abspath(src), "model_args": asdict(source.cfg), "method": method,
-                                        "settings": {k: globals()[k] for k in defaults}, "layers": rows, "calibration": where}}, dst)
+                     # config: the source run's (dataset), {} for a Hugging Face folder
+                     "config": config, "kind": "converted",
+                     "converted_from": {"src": os.path.abspath(src), "model_args": asdict(source.cfg),
+                                        "method": method, "settings": {k: globals()[k] for k in defaults},
+                                        "layers": rows, "calibration": where}}, dst)
     print(f"wrote {dst} (kind 'converted', iteration 0): python sample.py --out_dir={out_dir} --ckpt_name={out_name}")
 
 

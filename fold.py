@@ -6,7 +6,7 @@ Folds a trained VHA checkpoint into the plain GQA model it already is, then prov
     python fold.py --out_dir=out-vha-small --export_hf=hf-vha-small # + a Hugging Face Qwen3ForCausalLM folder, run in transformers
     python fold.py --out_dir=out-vha-small --export_gguf=vha-small.gguf  # + one GGUF file for llama.cpp
 
-The fold (GPT.fold_to_gqa in model.py, computed in float64), for virtual head j = g*H_p + h:
+The fold (fold_to_gqa in model.py, computed in float64), for virtual head j = g*H_p + h:
     premix   q_j = q_h P[g] = x W_q[h]^T P[g] = x (P[g]^T W_q[h])^T  =>  W_q'[j]    = P[g]^T W_q[h]
     postmix  y = sum_j W_o[:, j] a'_j,  a' = M a,  M = I + V U^T     =>  W_o'[:, h] = sum_j M[j, h] W_o[:, j]
 QK-norm and RoPE act on each head after premix, and K/V are untouched, so the result is GQA with
@@ -21,14 +21,16 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from nanovha.config import flat_defaults, settings
 from data.common import read_bin
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from nanovha.gguf import gguf_export_problem, write_gguf
-from nanovha.qwen3 import hf_compare, hf_export_problem, write_hf
-from nanovha.health import layer_health
+from model import fold_to_gqa
 from nanovha import llamacpp
-from model import GPT
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from nanovha.compiled_decode import compiled_decode, default_folder
+from nanovha.config import flat_defaults, settings
+from nanovha.gguf import gguf_export_problem, write_gguf
+from nanovha.hardware import choose_decode_dtype
+from nanovha.health import layer_health
+from nanovha.qwen3 import hf_compare, hf_export_problem, write_hf
 
 # -----------------------------------------------------------------------------
 out_dir = "out"
@@ -43,16 +45,10 @@ batch_size = 4
 gen_tokens = 200  # greedy tokens that must come out identical
 seed = 1337
 device = "cpu"
+compile_decode = True  # CPU: also build the folded model's compiled decode step, which sample.py then loads
+compile_cache = ""  # where compiled packages are kept ("": $NANOVHA_CACHE or ~/.cache/nanovha/compiled)
 defaults = flat_defaults(globals())
 # -----------------------------------------------------------------------------
-
-
-def fold(vha):
-    """The GQA model with vha's outputs, in vha's dtype (fold_to_gqa folds in float64, casts back)."""
-    cfg, state = vha.fold_to_gqa()
-    gqa = GPT(cfg).to(device=vha.embed.weight.device, dtype=vha.embed.weight.dtype)
-    gqa.load_state_dict(state)
-    return gqa.eval()
 
 
 def proof_tokens(ckpt, vocab_size, block_size, n_seqs):
@@ -217,9 +213,9 @@ def fold_and_prove(model, ckpt, src, dst):
     c, t0 = model.cfg, time.time()
     # 1. Fold: W_q'[g*H_p + h] = P[g]^T W_q[h] and W_o'[:, h] = sum_j M[j, h] W_o[:, j], in float64,
     #    cast to the checkpoint's dtype. Loaded back through model_from_checkpoint, the one loading path.
-    gqa_cfg, state = model.fold_to_gqa()
+    gqa = fold_to_gqa(model)
     keep = {k: v for k, v in ckpt.items() if k not in ("model", "model_args", "optimizer", "scaler")}
-    folded_ckpt = dict(keep, model=state, model_args=asdict(gqa_cfg), folded_from=ckpt_name)
+    folded_ckpt = dict(keep, model=gqa.state_dict(), model_args=asdict(gqa.cfg), folded_from=ckpt_name)
     deployed = model_from_checkpoint(folded_ckpt, device).eval()
     t_fold = time.time() - t0
 
@@ -231,8 +227,8 @@ def fold_and_prove(model, ckpt, src, dst):
     results = {}
     for dtype in (torch.float32, torch.float64):
         vha = copy.deepcopy(model).to(dtype)
-        gqa = deployed if dtype == torch.float32 else fold(vha)
-        results[dtype] = (*logit_diff(vha, gqa, tokens), first_difference(vha, gqa, prompt))
+        folded = deployed if dtype == torch.float32 else fold_to_gqa(vha).eval()
+        results[dtype] = (*logit_diff(vha, folded, tokens), first_difference(vha, folded, prompt))
     worst64 = results[torch.float64][0]
     with torch.no_grad():
         scale = max(1.0, model(tokens[:1])[0].abs().max().item())
@@ -249,14 +245,14 @@ def fold_and_prove(model, ckpt, src, dst):
               f"linear postmix (rank {c.vha_postmix_rank})" if c.has_postmix else ""]
     print(f"folded {src}: vha, {c.n_layer} layers, {c.n_q_proj} physical q heads, "
           f"{' + '.join(filter(None, pieces))}, {c.n_attn_head} heads attend {c.n_kv_head} KV heads")
-    print(f"    -> {dst}: gqa, n_head={gqa_cfg.n_head}, n_kv_head={gqa_cfg.n_kv_head}, head_dim={gqa_cfg.head_dim}")
+    print(f"    -> {dst}: gqa, n_head={gqa.cfg.n_head}, n_kv_head={gqa.cfg.n_kv_head}, head_dim={gqa.cfg.head_dim}")
     print(f"proof on {source}:")
     for dtype, (worst, mean, diverged) in results.items():
         name = str(dtype).replace("torch.", "")
         same = "identical" if diverged is None else f"DIFFERENT from token {diverged} ({name} rounding at a near-tie)"
         print(f"  {name:<8} |logit diff| max {worst:.2e}, mean {mean:.2e}; greedy {gen_tokens} tokens: {same}")
     print(f"params: {model.num_params():,} -> {deployed.num_params():,}   KV cache: "
-          f"{model.kv_bytes_per_token(torch.bfloat16):,} -> {deployed.kv_bytes_per_token(torch.bfloat16):,} "
+          f"{model.cfg.kv_bytes_per_token(torch.bfloat16):,} -> {deployed.cfg.kv_bytes_per_token(torch.bfloat16):,} "
           f"bytes/token (bf16)")
     print(f"time: fold {t_fold:.2f} s, proof {t_proof:.2f} s")
     return deployed, tokens
@@ -333,6 +329,19 @@ def main(argv):
         save_plot(model, rows, path)
         print(f"saved {path}")
     export(model, deployed, ckpt, src, tokens)
+    if compile_decode and device == "cpu" and c.attn != "gqa":
+        build_decode(deployed)
+
+
+def build_decode(deployed):
+    """The folded model's compiled decode step (nanovha/compiled_decode.py), as sample.py --ckpt_name=<out_name>
+    looks it up: its weights in the dtype sample.py's dtype=auto picks, in the decode layout, batch 1."""
+    dtype, _ = choose_decode_dtype("cpu", "auto", deployed)
+    model = copy.deepcopy(deployed).to(getattr(torch, dtype)).eval().use_decode_layout()
+    print(f"building the compiled decode step for sample.py ({dtype}; --compile_decode=False skips it) ...")
+    step = compiled_decode(model, compile_cache or default_folder())
+    print(f"compiled decode step: {step.path} ({'built' if step.built else 'cached already, loaded'} in "
+          f"{step.seconds:.0f} s); sample.py --out_dir={out_dir} --ckpt_name={out_name} loads it")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """
 nanoVHA model: a Qwen3-style decoder with GQA and Virtual Head Attention (VHA), in one file.
 
-Reads top to bottom: RMSNorm, RoPE, attention (GQA + VHA premix/postmix, KV cache), MLP, block,
-config, model (forward, prefill/decode, generate, cost accounting, fold). Checkpoint I/O: checkpoint.py; what
-premix and postmix learned (health signals): health.py.
+Reads top to bottom: RMSNorm, RoPE, KV cache, attention (GQA + VHA premix/postmix; MLA), MLP, block, config (with
+the cost accounting), model (forward, prefill/decode, generate), and the fold. Checkpoint I/O is nanovha/checkpoint.py;
+what premix and postmix learned (health signals) nanovha/health.py.
+
+Head counts, as the paper and docs/ name them: H_v = n_head, the query heads that attend (VHA: virtual heads);
+H_kv = n_kv_head, the KV heads; H_p = n_q_proj = H_v / H_kv, VHA's physical query projections.
 
 VHA in one picture (H_v=8 virtual query heads, H_kv=2 KV heads, H_p=H_v/H_kv=4 physical q projections):
 
@@ -15,7 +18,7 @@ VHA in one picture (H_v=8 virtual query heads, H_kv=2 KV heads, H_p=H_v/H_kv=4 p
     virtual head j = g*H_p + h  reads KV head j // H_p   (the usual GQA grouping)
 
 After attention, postmix mixes the H_v head outputs with M = I + V U^T (low rank r), then W_o.
-Both maps are linear, so after training they fold into W_q and W_o (see GPT.fold_to_gqa):
+Both maps are linear, so after training they fold into W_q and W_o (see fold_to_gqa, at the end):
 the deployed model is a plain GQA model with n_head=H_v, n_kv_head=H_kv.
 """
 import math
@@ -64,8 +67,10 @@ class KVCache(nn.Module):
 
     def __init__(self, batch_size, heads, max_len, k_dim, v_dim, dtype, device):
         super().__init__()
-        self.register_buffer("k", torch.zeros(batch_size, heads, max_len, k_dim, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(batch_size, heads, max_len, v_dim, dtype=dtype, device=device), persistent=False)
+        k = torch.zeros(batch_size, heads, max_len, k_dim, dtype=dtype, device=device)
+        v = torch.zeros(batch_size, heads, max_len, v_dim, dtype=dtype, device=device)
+        self.register_buffer("k", k, persistent=False)
+        self.register_buffer("v", v, persistent=False)
 
     def update(self, start, k, v):
         """Writes k, v (B, H_kv, T, hd) at start..; returns the filled prefix for an int start, the whole
@@ -114,31 +119,18 @@ def kv_expand_needed(device_type, dtype, H_q, H_kv):
 
 def sdpa(q, k, v, is_causal=False, dropout_p=0.0, expand_kv=None):
     """F.scaled_dot_product_attention over grouped heads: q (B, H_q, Tq, hd), k/v (B, H_kv, Tk, hd) -> (B, H_q, Tq, hd).
-    expand_kv=None decides by device and (autocast) dtype; True/False forces it (the tests run the CUDA branch on CPU)."""
+    expand_kv=None decides by device and (autocast) dtype; True/False forces it (the tests run the CUDA branch on
+    CPU)."""
     if expand_kv is None:
         dtype = torch.get_autocast_dtype("cuda") if q.is_cuda and torch.is_autocast_enabled("cuda") else q.dtype
         expand_kv = kv_expand_needed(q.device.type, dtype, q.size(1), k.size(1))
-    # SPECIAL CASE, fp32 on CUDA: expand, else GQA runs the math path (flash/cuDNN: fp16/bf16 only; mem-efficient: no GQA, pytorch#139586)
+    # SPECIAL CASE, fp32 on CUDA: expand, else GQA runs the math path (flash/cuDNN: fp16/bf16 only; mem-efficient:
+    # no GQA, pytorch#139586)
     if expand_kv:
         group = q.size(1) // k.size(1)
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H_q, Tk, hd): head j reads j // group
+        k = k.repeat_interleave(group, dim=1)  # (B, H_q, Tk, hd): head j reads KV head j // group
+        v = v.repeat_interleave(group, dim=1)
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, dropout_p=dropout_p, enable_gqa=not expand_kv)
-
-
-def fold_premix(W_q, P):
-    """W_q (H_p*d, D), P (H_kv, d, d) -> the (H_v*d, D) query weight of the virtual heads:
-    q_j = (x W_q[h]^T) P[g] = x (P[g]^T W_q[h])^T, so row block j = g*H_p + h is P[g]^T W_q[h]."""
-    H_kv, d, _ = P.shape
-    W = W_q.view(-1, d, W_q.size(1))  # (H_p, d, D)
-    return torch.einsum("gce,hcD->gheD", P, W).reshape(-1, W_q.size(1))  # (H_kv, H_p, d, D) -> (H_v*d, D)
-
-
-def fold_postmix(W_o, M):
-    """W_o (D, H*d), M (H, H) = I + V U^T -> W_o' with W_o' a = W_o (M a) over the head axis:
-    y = sum_j W_o[:, j] a'_j with a'_j = sum_h M[j, h] a_h, so W_o'[:, h] = sum_j M[j, h] W_o[:, j]."""
-    H = M.size(0)
-    W = W_o.view(W_o.size(0), H, -1)  # (D, H, d)
-    return torch.einsum("Djc,jh->Dhc", W, M).reshape(W_o.shape)  # (D, H, d) -> (D, H*d)
 
 
 class Attention(nn.Module):
@@ -166,11 +158,13 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, cfg.norm_eps)
         if cfg.has_premix:
             # Q premix: q_j = q_h @ P[g] for virtual head j = g*H_p + h.  P: (H_kv, d, d), near identity.
-            self.premix = nn.Parameter(torch.eye(d).repeat(cfg.n_kv_head, 1, 1) + 0.1 / math.sqrt(d) * torch.randn(cfg.n_kv_head, d, d))
+            noise = 0.1 / math.sqrt(d) * torch.randn(cfg.n_kv_head, d, d)
+            self.premix = nn.Parameter(torch.eye(d).repeat(cfg.n_kv_head, 1, 1) + noise)  # (H_kv, d, d)
         if cfg.has_postmix:
             # Postmix over heads: a'_j = a_j + sum_r V[j, r] act(sum_h U[h, r] a_h), i.e. a' = (I + V U^T) a.
             self.postmix_U = nn.Parameter(0.01 * torch.randn(cfg.n_attn_head, cfg.vha_postmix_rank))
-            self.postmix_V = nn.Parameter(torch.zeros(cfg.n_attn_head, cfg.vha_postmix_rank))  # V=0: exact identity at init
+            V = torch.zeros(cfg.n_attn_head, cfg.vha_postmix_rank)  # V=0: exact identity at init
+            self.postmix_V = nn.Parameter(V)
         self.cache_dims = (cfg.n_kv_head, d, d)  # KVCache: heads, key width, value width
         self.kv_cache = None
         self.record_postmix = False  # when True, forward stores ||a' - a|| / ||a|| per token (VHA health)
@@ -193,7 +187,8 @@ class Attention(nn.Module):
             z = F.silu(z)  # the paper's nonlinear ablation: no longer foldable
         delta = (self.postmix_V @ z).view(B, H, T, d)  # (B, H, T, d)
         if self.record_postmix:
-            self.postmix_ratio = (delta.float().norm(dim=(1, 3)) / a.float().norm(dim=(1, 3)).clamp_min(1e-12)).mean().item()
+            ratio = delta.float().norm(dim=(1, 3)) / a.float().norm(dim=(1, 3)).clamp_min(1e-12)  # (B, T)
+            self.postmix_ratio = ratio.mean().item()
         return a + delta
 
     def postmix_matrix(self):
@@ -306,7 +301,8 @@ class MLAttention(nn.Module):
         """Up-projects the latents to per-head keys and values, then ordinary attention. -> (B, H, T, d)"""
         B, H, T, d = q_nope.shape
         Tk = c_kv.size(2)
-        k_nope, v = self.kv_up(c_kv[:, 0]).view(B, Tk, H, 2 * d).transpose(1, 2).split([d, d], dim=-1)  # (B, H, Tk, d) each
+        kv = self.kv_up(c_kv[:, 0]).view(B, Tk, H, 2 * d).transpose(1, 2)  # (B, H, Tk, 2d)
+        k_nope, v = kv.split([d, d], dim=-1)  # (B, H, Tk, d) each
         q = torch.cat([q_nope, q_rope], dim=-1)  # (B, H, T, d + d_R)
         k = torch.cat([k_nope, k_rope.expand(B, H, Tk, k_rope.size(-1))], dim=-1)  # (B, H, Tk, d + d_R)
         if self.cfg.attn_impl == "plain" and visible is None:
@@ -320,7 +316,8 @@ class MLAttention(nn.Module):
         H, d, r = self.cfg.n_head, self.cfg.head_dim, self.cfg.mla_kv_rank
         W_uk, W_uv = self.kv_up.weight.view(H, 2 * d, r).split([d, d], dim=1)  # (H, d, r) each
         q_latent = q_nope @ W_uk  # (B, H, 1, d) @ (H, d, r) -> (B, H, 1, r): W_uk,h^T q_C,h
-        scores = (q_latent @ c_kv.transpose(-2, -1) + q_rope @ k_rope.transpose(-2, -1)) / math.sqrt(d + q_rope.size(-1))  # (B, H, 1, Tk)
+        scores = q_latent @ c_kv.transpose(-2, -1) + q_rope @ k_rope.transpose(-2, -1)  # (B, H, 1, Tk)
+        scores = scores / math.sqrt(d + q_rope.size(-1))
         if visible is not None:
             scores = scores.masked_fill(~visible, float("-inf"))
         a_latent = scores.softmax(dim=-1) @ c_kv  # (B, H, 1, r): sum_t p_t c_t
@@ -374,10 +371,10 @@ class GPTConfig:
     vha_postmix: bool = True
     vha_postmix_rank: Optional[int] = None  # default max(1, n_head // 4)
     vha_postmix_act: str = "linear"  # or "silu" (the paper's nonlinear ablation; cannot fold)
-    q_rank: Optional[int] = None  # MLA/MFA: low-rank query q = RMSNorm(x W_dq) W_uq of this rank (None: full W_q); MFA needs it
-    mla_kv_rank: Optional[int] = None  # MLA: width r of the cached latent c_kv (default 4 * head_dim, DeepSeek's 512 / 128)
-    mla_rope_dim: Optional[int] = None  # MLA: width d_R of the shared RoPE key (default head_dim // 2, DeepSeek's 64 / 128)
-    mla_decode: str = "absorb"  # MLA one-token decode: "absorb" (attend over the latent) or "naive" (up-project the cache)
+    q_rank: Optional[int] = None  # MLA/MFA: low-rank query q = RMSNorm(x W_dq) W_uq (None: full W_q); MFA needs it
+    mla_kv_rank: Optional[int] = None  # MLA: width r of the cached latent c_kv (default 4 * head_dim, DeepSeek 512/128)
+    mla_rope_dim: Optional[int] = None  # MLA: width d_R of the shared RoPE key (default head_dim // 2, DeepSeek 64/128)
+    mla_decode: str = "absorb"  # MLA one-token decode: "absorb" (attend over the latent) or "naive" (up-project)
     attn_impl: str = "sdpa"  # "sdpa" or "plain" (the readable reference)
     decode_impl: str = "grouped"  # one-token decode: "grouped" matmul per KV head, or "sdpa"
 
@@ -388,27 +385,59 @@ class GPTConfig:
     has_premix = property(lambda self: self.attn == "vha" and self.vha_premix)
     has_postmix = property(lambda self: self.attn == "vha" and self.vha_postmix)
     n_q_proj = property(lambda self: self.n_head // self.n_kv_head if self.attn == "vha" else self.n_head)  # H_p (VHA)
-    n_attn_head = property(lambda self: self.n_q_proj if (self.attn == "vha" and not self.vha_premix) else self.n_head)  # H_v
-    padded_vocab = property(lambda self: 64 * -(-self.vocab_size // 64))  # embed/lm_head rows: 64 * ceil(V / 64): 50257 -> 50304, 65 -> 128
+    # H_v, the heads that attend: n_head, except postmix-only VHA, which attends with its H_p physical heads
+    n_attn_head = property(lambda self: self.n_q_proj if (self.attn == "vha" and not self.vha_premix) else self.n_head)
+    padded_vocab = property(lambda self: 64 * -(-self.vocab_size // 64))  # embed/lm_head rows: 50257 -> 50304
     rope_dim = property(lambda self: self.mla_rope_dim if self.attn == "mla" else self.head_dim)  # width RoPE rotates
-    kv_values_per_token = property(lambda self: self.n_layer * ((self.mla_kv_rank + self.mla_rope_dim) if self.attn == "mla"
-                                                                else 2 * self.n_kv_head * self.head_dim))  # cached numbers
+    # numbers cached per token: per layer MLA's latent and RoPE key, or a key and a value per KV head
+    kv_values_per_token = property(lambda self: self.n_layer * (
+        self.mla_kv_rank + self.mla_rope_dim if self.attn == "mla" else 2 * self.n_kv_head * self.head_dim))
 
     @property
     def qkv_split(self):
-        """Rows of the fused projection from x: [W_q or its low-rank W_qa; W_k; W_v], for MLA [W_q or W_dq; W_dkv; W_kR]."""
+        """Rows of the fused projection from x: [W_q or its low-rank W_qa; W_k; W_v], for MLA [W_q or W_dq; W_dkv;
+        W_kR]."""
         d = self.head_dim
         if self.attn == "mla":
             return [self.q_rank or self.n_head * (d + self.mla_rope_dim), self.mla_kv_rank, self.mla_rope_dim]
         return [self.q_rank or self.n_q_proj * d, self.n_kv_head * d, self.n_kv_head * d]
+
+    # ---- cost accounting: from the shapes alone ----
+    def flops_per_token(self, T, training=False):
+        """Convention: forward = 2 x MACs of every matmul (lm_head, premix, postmix included)
+        + causal attention 2 * H_v * head_dim * T per layer (QK^T and AV over T/2 keys on
+        average; MLA: QK^T over d + d_R, AV over d); training = 3 x forward. MLA counts its training form
+        (keys and values up-projected, the naive path); its absorbed decode does other work per token.
+        The LM head counts padded_vocab rows, what the matmul runs (num_params counts the padded rows too)."""
+        D, d, H = self.n_embd, self.head_dim, self.n_attn_head
+        q_width = H * (d + self.mla_rope_dim) if self.attn == "mla" else self.n_q_proj * d  # query numbers per token
+        macs = D * sum(self.qkv_split) + H * d * D + 3 * D * self.mlp_hidden  # fused projection, W_o, MLP
+        if self.q_rank:
+            macs += self.q_rank * q_width  # q_up of the low-rank query (MLA, MFA)
+        if self.attn == "mla":
+            macs += self.mla_kv_rank * H * 2 * d  # kv_up: per-head keys and values from the latent
+        if self.has_premix:
+            macs += H * d * d  # every virtual head: one d x d map
+        if self.has_postmix:
+            macs += 2 * H * self.vha_postmix_rank * d  # U^T then V
+        if self.attn == "mla":
+            attention = H * (2 * d + self.mla_rope_dim) * T  # FLOPs per layer
+        else:
+            attention = 2 * H * d * T
+        fwd = self.n_layer * (2 * macs + attention) + 2 * D * self.padded_vocab
+        return 3 * fwd if training else fwd
+
+    def kv_bytes_per_token(self, dtype=torch.bfloat16):
+        """Bytes the cache holds per token: layers x (2 x H_kv x head_dim, or MLA's r + d_R) x element size."""
+        return self.kv_values_per_token * torch.empty((), dtype=dtype).element_size()
 
 
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
-        seed = int(torch.randint(2**62, (1,), device="cpu"))  # first: after torch.manual_seed(s) every variant draws this seed
-        self.embed = nn.Embedding(cfg.padded_vocab, cfg.n_embd)  # padded_vocab rows (a multiple of 64): the LM head's N is aligned
+        seed = int(torch.randint(2**62, (1,), device="cpu"))  # first: after manual_seed(s), every variant draws this
+        self.embed = nn.Embedding(cfg.padded_vocab, cfg.n_embd)  # a multiple of 64 rows: the LM head's N is aligned
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.n_embd, cfg.norm_eps)
@@ -416,8 +445,8 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         self.init_weights(seed)
-        for w in (self.embed.weight, self.lm_head.weight):  # padded rows: 0 (as old checkpoints are padded on load), and they
-            torch.nn.init.zeros_(w[cfg.vocab_size:])  # stay 0: never looked up, logits sliced off (no gradient), decay keeps 0
+        for w in (self.embed.weight, self.lm_head.weight):  # padded rows: 0, and they stay 0: never looked up, their
+            torch.nn.init.zeros_(w[cfg.vocab_size:])  # logits sliced off (no gradient), weight decay keeps them at 0
 
     @torch.no_grad()
     def init_weights(self, seed):
@@ -429,9 +458,10 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if p.dim() != 2 or "postmix" in name or p.is_meta:
                 continue
-            std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            residual = name.endswith(("o_proj.weight", "down_proj.weight"))
+            std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if residual else 0.02
             parts = {"": p}  # block label -> the rows (or columns) it initialises
-            if name.endswith("attn.qkv_proj.weight"):  # rows [W_q; W_k; W_v]: head h of each is block "q.h", "k.h", "v.h"
+            if name.endswith("attn.qkv_proj.weight"):  # rows [W_q; W_k; W_v]: head h of each is block q.h, k.h, v.h
                 parts = {f"{'qkv'[j]}.{h}": rows for j, part in enumerate(p.split(self.cfg.qkv_split))
                          for h, rows in enumerate(part.split(d) if part.size(0) % d == 0 else [part])}
             elif name.endswith("attn.o_proj.weight"):  # columns: head h is block "o.h"
@@ -442,18 +472,14 @@ class GPT(nn.Module):
 
     def num_params(self, non_embedding=False):
         n = sum(p.numel() for p in self.parameters())  # tied weights are counted once
-        if non_embedding:
-            n -= self.embed.weight.numel()
-            if not self.cfg.tie_embeddings:
-                n -= self.lm_head.weight.numel()
-        return n
+        embeddings = {id(self.embed.weight): self.embed.weight, id(self.lm_head.weight): self.lm_head.weight}
+        return n - sum(w.numel() for w in embeddings.values()) if non_embedding else n
 
     def forward(self, idx, targets=None, start_pos=None):
-        """idx (B, T) -> (logits, mean cross-entropy or None).
-        start_pos=None: a whole sequence from position 0 (training, eval); logits (B, T, vocab), vocab = cfg.vocab_size.
-        start_pos=int: positions start_pos.. through the KV cache (setup_cache first); a (1,) long tensor
-        decodes one token with static shapes (for torch.compile / CUDA graphs). Logits (B, 1, vocab):
-        generation only reads the last position."""
+        """idx (B, T) -> (logits, mean cross-entropy or None). start_pos=None: a whole sequence from position 0
+        (training, eval), logits (B, T, vocab_size). start_pos=int: positions start_pos.. through the KV cache
+        (setup_cache first); a (1,) long tensor decodes one token with static shapes (torch.compile, CUDA graphs,
+        AOTInductor). With a cache only the last position's logits come out: (B, 1, vocab_size)."""
         B, T = idx.shape
         cache = self.blocks[0].attn.kv_cache
         if start_pos is None and T > self.cfg.block_size:
@@ -468,8 +494,9 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x, cos, sin, start_pos)
         x = self.norm(x if start_pos is None else x[:, -1:])  # (B, T or 1, D)
-        # the matmul runs at the padded N; keeping the real columns is exact and free (a view; a -inf mask costs a write)
-        logits = self.lm_head(x)[..., :self.cfg.vocab_size]  # (B, T, padded_vocab) -> (B, T, vocab_size): no caller sees a padded id
+        # the matmul runs at the padded N; keeping the real columns is exact and free (a view; a -inf mask would cost
+        # a write), and no caller ever sees a padded id
+        logits = self.lm_head(x)[..., :self.cfg.vocab_size]  # (B, T, padded_vocab) -> (B, T, vocab_size)
         loss = None
         if targets is not None:
             logits_f = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits: loss in fp32
@@ -482,13 +509,13 @@ class GPT(nn.Module):
         positions = torch.arange(T, device=device) + start_pos  # (T,)
         return rope_cos_sin(positions, self.cfg.rope_dim, self.cfg.rope_theta, self.embed.weight.dtype)
 
-    # ---- generation with a preallocated KV cache (gpt-fast style) ----
+    # ---- generation with a preallocated KV cache (gpt-fast style)
     def setup_cache(self, batch_size, max_len, dtype=None, device=None):
         """One KVCache per layer for positions 0..max_len-1 (in the weights' dtype unless given)."""
-        p = self.embed.weight
+        dtype, device = dtype or self.embed.weight.dtype, device or self.embed.weight.device
         for block in self.blocks:
             heads, k_dim, v_dim = block.attn.cache_dims
-            block.attn.kv_cache = KVCache(batch_size, heads, max_len, k_dim, v_dim, dtype or p.dtype, device or p.device)
+            block.attn.kv_cache = KVCache(batch_size, heads, max_len, k_dim, v_dim, dtype, device)
 
     @torch.no_grad()
     def prefill(self, idx):
@@ -501,85 +528,30 @@ class GPT(nn.Module):
         return self(token, start_pos=pos)[0][:, -1]
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None):
-        """Continues idx (B, T); temperature=0 is greedy. Builds a cache of exactly the needed size."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, decode=None):
+        """Continues idx (B, T); temperature=0 is greedy. Builds a cache of exactly the needed size. decode: a stand-in
+        for decode_one_token (a compiled one: nanovha/compiled_decode.py), given the position as a (1,) tensor."""
         B, T = idx.shape
         self.setup_cache(B, T + max_new_tokens)
-        out = torch.empty(B, T + max_new_tokens, dtype=idx.dtype, device=idx.device)
-        out[:, :T] = idx
+        out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)  # (B, T + max_new_tokens)
         logits = self.prefill(idx)
         for pos in range(T, T + max_new_tokens):
             out[:, pos] = sample_next(logits, temperature, top_k, generator)
-            if pos + 1 < T + max_new_tokens:
+            if pos + 1 < T + max_new_tokens and decode is None:
                 logits = self.decode_one_token(out[:, pos:pos + 1], pos)
+            elif pos + 1 < T + max_new_tokens:
+                logits = decode(out[:, pos:pos + 1], torch.tensor([pos], device=idx.device))
         return out
 
     @torch.no_grad()
     def use_decode_layout(self):
         """Stores every Linear weight W (out, in) as a transposed-contiguous view: the same values, shape and
-        state_dict, only the memory order changes to (in, out). At batch 1 each weight is read once per token
-        by a matrix-vector product, and on CPU x @ W^T streams W from memory about 2x faster in this order
-        (bench_decode.py --weight_layout=out_in shows the difference). Returns self."""
+        state_dict, in (in, out) order. At batch 1 each weight is read once per token, by x @ W^T, which streams W
+        faster in this order on CPU (bench_decode.py --weight_layout=out_in times the other). Returns self."""
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 m.weight.data = m.weight.data.t().contiguous().t()
         return self
-
-    # ---- cost accounting ----
-    def flops_per_token(self, T, training=False):
-        """Convention: forward = 2 x MACs of every matmul (lm_head, premix, postmix included)
-        + causal attention 2 * n_attn_head * head_dim * T per layer (QK^T and AV over T/2 keys on
-        average; MLA: QK^T over d + d_R, AV over d); training = 3 x forward. MLA counts its training form
-        (keys and values up-projected, the naive path); its absorbed decode does other work per token.
-        The LM head counts padded_vocab rows, what the matmul runs (num_params counts the padded rows too)."""
-        c = self.cfg
-        D, d, H = c.n_embd, c.head_dim, c.n_attn_head
-        q_width = H * (d + c.mla_rope_dim) if c.attn == "mla" else c.n_q_proj * d  # query numbers per token
-        macs = D * sum(c.qkv_split) + H * d * D + 3 * D * c.mlp_hidden  # fused projection, W_o, MLP
-        if c.q_rank:
-            macs += c.q_rank * q_width  # q_up of the low-rank query (MLA, MFA)
-        if c.attn == "mla":
-            macs += c.mla_kv_rank * H * 2 * d  # kv_up: per-head keys and values from the latent
-        if c.has_premix:
-            macs += H * d * d  # every virtual head: one d x d map
-        if c.has_postmix:
-            macs += 2 * H * c.vha_postmix_rank * d  # U^T then V
-        attention = H * (2 * d + c.mla_rope_dim) * T if c.attn == "mla" else 2 * H * d * T  # FLOPs per layer
-        fwd = c.n_layer * (2 * macs + attention) + 2 * D * c.padded_vocab
-        return 3 * fwd if training else fwd
-
-    def kv_bytes_per_token(self, dtype=torch.bfloat16):
-        """Bytes the cache holds per token: layers x (2 x KV heads x head_dim, or MLA's r + d_R) x element size."""
-        return self.cfg.kv_values_per_token * torch.empty((), dtype=dtype).element_size()
-
-    # ---- fold: a trained VHA model IS a GQA model ----
-    @torch.no_grad()
-    def fold_to_gqa(self):
-        """Returns (GPTConfig, state_dict) of the plain GQA model with identical outputs.
-        Premix:  W_q'[j] = P[g]^T W_q[h] for j = g*H_p + h (fold_premix)
-        Postmix: W_o'[:, h] = sum_j M[j, h] W_o[:, j] with M = I + V U^T (fold_postmix)
-        QK-norm and RoPE act per head after premix, so they carry over unchanged; K, V are untouched.
-        Computed in float64, cast back to each weight's dtype."""
-        c = self.cfg
-        if c.attn != "vha":
-            raise ValueError(f"nothing to fold: attn={c.attn!r} has no premix or postmix (only attn='vha' folds); "
-                             f"use the checkpoint as it is")
-        if c.has_postmix and c.vha_postmix_act != "linear":
-            raise ValueError("cannot fold a SiLU postmix: silu(U^T a) is not linear in a, so no single "
-                             "matrix M can be absorbed into W_o; only vha_postmix_act='linear' folds")
-        sd = {k: v for k, v in self.state_dict().items() if "premix" not in k and "postmix" not in k}
-        for i, block in enumerate(self.blocks):
-            a = block.attn
-            if c.has_premix:  # the fold acts on the q rows of the fused projection; k and v rows stay
-                W = a.qkv_proj.weight
-                W_q, W_k, W_v = W.double().split(a.qkv_split)
-                sd[f"blocks.{i}.attn.qkv_proj.weight"] = torch.cat([fold_premix(W_q, a.premix.double()), W_k, W_v]).to(W.dtype)
-            if c.has_postmix:
-                W_o = fold_postmix(a.o_proj.weight.double(), a.postmix_matrix().double())
-                sd[f"blocks.{i}.attn.o_proj.weight"] = W_o.to(a.o_proj.weight.dtype)
-        gqa = dict(asdict(c), attn="gqa", n_head=c.n_attn_head, head_dim=c.head_dim, vha_postmix_rank=None)
-        return GPTConfig(**gqa), sd
-
 
 def sample_next(logits, temperature=1.0, top_k=None, generator=None):
     """logits (B, vocab) -> next token ids (B,). temperature 0 picks the argmax."""
@@ -592,6 +564,58 @@ def sample_next(logits, temperature=1.0, top_k=None, generator=None):
     return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
 
 
+# ---- the fold: a trained VHA model IS a GQA model ----
+def fold_premix(W_q, P):
+    """W_q (H_p*d, D), P (H_kv, d, d) -> the (H_v*d, D) query weight of the virtual heads:
+    q_j = (x W_q[h]^T) P[g] = x (P[g]^T W_q[h])^T, so row block j = g*H_p + h is P[g]^T W_q[h]."""
+    H_kv, d, _ = P.shape
+    W = W_q.view(-1, d, W_q.size(1))  # (H_p, d, D)
+    return torch.einsum("gce,hcD->gheD", P, W).reshape(-1, W_q.size(1))  # (H_kv, H_p, d, D) -> (H_v*d, D)
+
+
+def fold_postmix(W_o, M):
+    """W_o (D, H*d), M (H, H) = I + V U^T -> W_o' with W_o' a = W_o (M a) over the head axis:
+    y = sum_j W_o[:, j] a'_j with a'_j = sum_h M[j, h] a_h, so W_o'[:, h] = sum_j M[j, h] W_o[:, j]."""
+    H = M.size(0)
+    W = W_o.view(W_o.size(0), H, -1)  # (D, H, d)
+    return torch.einsum("Djc,jh->Dhc", W, M).reshape(W_o.shape)  # (D, H, d) -> (D, H*d)
+
+
+@torch.no_grad()
+def fold_to_gqa(model):
+    """The plain GQA model with the same outputs as a VHA model: a new GPT, n_head = H_v query heads over the same
+    H_kv KV heads, in the model's dtype and on its device.
+    Premix:  W_q'[j] = P[g]^T W_q[h] for j = g*H_p + h (fold_premix)
+    Postmix: W_o'[:, h] = sum_j M[j, h] W_o[:, j] with M = I + V U^T (fold_postmix)
+    QK-norm and RoPE act per head after premix, so they carry over unchanged; K, V are untouched.
+    Computed in float64, cast back to each weight's dtype."""
+    c = model.cfg
+    if c.attn != "vha":
+        raise ValueError(f"nothing to fold: attn={c.attn!r} has no premix or postmix (only attn='vha' folds); "
+                         f"use the checkpoint as it is")
+    if c.has_postmix and c.vha_postmix_act != "linear":
+        raise ValueError("cannot fold a SiLU postmix: silu(U^T a) is not linear in a, so no single "
+                         "matrix M can be absorbed into W_o; only vha_postmix_act='linear' folds")
+    state = {k: v for k, v in model.state_dict().items() if "premix" not in k and "postmix" not in k}
+    for i, block in enumerate(model.blocks):
+        a = block.attn
+        if c.has_premix:  # the fold acts on the q rows of the fused projection; k and v rows stay
+            W = a.qkv_proj.weight
+            W_q, W_k, W_v = W.double().split(a.qkv_split)
+            W_q = fold_premix(W_q, a.premix.double())
+            state[f"blocks.{i}.attn.qkv_proj.weight"] = torch.cat([W_q, W_k, W_v]).to(W.dtype)
+        if c.has_postmix:
+            W_o = fold_postmix(a.o_proj.weight.double(), a.postmix_matrix().double())
+            state[f"blocks.{i}.attn.o_proj.weight"] = W_o.to(a.o_proj.weight.dtype)
+    cfg = GPTConfig(**dict(asdict(c), attn="gqa", n_head=c.n_attn_head, head_dim=c.head_dim, vha_postmix_rank=None))
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # no init: every weight is overwritten
+        gqa = GPT(cfg)
+    gqa.load_state_dict(state, assign=True)  # strict: the folded state holds every weight of a GQA model
+    if cfg.tie_embeddings:  # assign gives each name its own Parameter: tie them again
+        gqa.lm_head.weight = gqa.embed.weight
+    return gqa.train(model.training)
+
+
 # ---- GPTConfig's checks, out of the way of its fields ----
 def complete_and_check(cfg):
     """Fills the derived defaults of a GPTConfig (head_dim, mlp_hidden, MLA ranks, postmix rank) and raises
@@ -602,13 +626,16 @@ def complete_and_check(cfg):
 
     for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head"):
         need(getattr(cfg, name) >= 1, f"{name} must be >= 1, got {getattr(cfg, name)}")
-    for name, allowed in (("attn", ("gqa", "vha", "mla", "mfa")), ("attn_impl", ("sdpa", "plain")), ("mla_decode", ("absorb", "naive")),
+    for name, allowed in (("attn", ("gqa", "vha", "mla", "mfa")), ("attn_impl", ("sdpa", "plain")),
+                          ("mla_decode", ("absorb", "naive")),
                           ("decode_impl", ("grouped", "sdpa")), ("vha_postmix_act", ("linear", "silu"))):
         need(getattr(cfg, name) in allowed, f"{name} must be one of {allowed}, got {getattr(cfg, name)!r}")
     need(cfg.n_head % cfg.n_kv_head == 0,
-         f"n_head % n_kv_head != 0 ({cfg.n_head} % {cfg.n_kv_head}): each KV head must serve the same number of query heads")
+         f"n_head % n_kv_head != 0 ({cfg.n_head} % {cfg.n_kv_head}): "
+         f"each KV head must serve the same number of query heads")
     if cfg.head_dim is None:
-        need(cfg.n_embd % cfg.n_head == 0, f"n_embd % n_head != 0 ({cfg.n_embd} % {cfg.n_head}); set head_dim explicitly")
+        need(cfg.n_embd % cfg.n_head == 0,
+             f"n_embd % n_head != 0 ({cfg.n_embd} % {cfg.n_head}); set head_dim explicitly")
         cfg.head_dim = cfg.n_embd // cfg.n_head
     need(cfg.head_dim >= 2 and cfg.head_dim % 2 == 0, f"head_dim must be even for RoPE, got {cfg.head_dim}")
     if cfg.mlp_hidden is None:
@@ -621,19 +648,25 @@ def complete_and_check(cfg):
                  f"postmix-only VHA attends with H_p = n_head // n_kv_head = {cfg.n_q_proj} heads, "
                  f"which must be a multiple of n_kv_head={cfg.n_kv_head}")
     need(cfg.q_rank is None or (cfg.attn in ("mla", "mfa") and cfg.q_rank >= 1),
-         f"q_rank={cfg.q_rank} is the low-rank query of attn='mla' or 'mfa' (>= 1); attn={cfg.attn!r} has a full W_q: drop q_rank")
+         f"q_rank={cfg.q_rank} is the low-rank query of attn='mla' or 'mfa' (>= 1); "
+         f"attn={cfg.attn!r} has a full W_q: drop q_rank")
     need(cfg.attn != "mfa" or cfg.q_rank is not None, "attn='mfa' factorizes the query: set q_rank (e.g. n_embd // 2)")
     if cfg.attn == "mla":
-        need(cfg.n_kv_head == cfg.n_head, f"attn='mla' up-projects a key and a value for every query head from the latent: "
-             f"set n_kv_head = n_head ({cfg.n_head}), got {cfg.n_kv_head}; the cache size is set by mla_kv_rank + mla_rope_dim")
-        need(not cfg.qk_norm, "attn='mla' needs qk_norm=False: an RMSNorm of k = W_uk c_kv is not linear in c_kv, so the absorbed "
-             "decode could not move W_uk into the query; MLA normalises its latents instead (DeepSeek-V2/V3)")
+        need(cfg.n_kv_head == cfg.n_head,
+             f"attn='mla' up-projects a key and a value for every query head from the latent: "
+             f"set n_kv_head = n_head ({cfg.n_head}), got {cfg.n_kv_head}; "
+             f"the cache size is set by mla_kv_rank + mla_rope_dim")
+        need(not cfg.qk_norm, "attn='mla' needs qk_norm=False: an RMSNorm of k = W_uk c_kv is not linear in c_kv, "
+             "so the absorbed decode could not move W_uk into the query; MLA normalises its latents instead "
+             "(DeepSeek-V2/V3)")
         cfg.mla_kv_rank = cfg.mla_kv_rank or 4 * cfg.head_dim
         cfg.mla_rope_dim = cfg.mla_rope_dim or max(2, cfg.head_dim // 2)
         need(cfg.mla_kv_rank >= 1, f"mla_kv_rank must be >= 1, got {cfg.mla_kv_rank}")
-        need(cfg.mla_rope_dim >= 2 and cfg.mla_rope_dim % 2 == 0, f"mla_rope_dim must be even and >= 2 (RoPE pairs), got {cfg.mla_rope_dim}")
+        need(cfg.mla_rope_dim >= 2 and cfg.mla_rope_dim % 2 == 0,
+             f"mla_rope_dim must be even and >= 2 (RoPE pairs), got {cfg.mla_rope_dim}")
     else:
-        need(cfg.mla_kv_rank is None and cfg.mla_rope_dim is None, f"mla_kv_rank / mla_rope_dim are attn='mla' knobs; attn={cfg.attn!r}: drop them")
+        need(cfg.mla_kv_rank is None and cfg.mla_rope_dim is None,
+             f"mla_kv_rank / mla_rope_dim are attn='mla' knobs; attn={cfg.attn!r}: drop them")
     if cfg.vha_postmix_rank is None:
         cfg.vha_postmix_rank = max(1, cfg.n_head // 4)
     if cfg.has_postmix:

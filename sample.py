@@ -4,7 +4,7 @@ Samples from a trained model (VHA, GQA or folded) with the KV cache:
     python sample.py --out_dir=out-vha-small --start="ROMEO:" --num_samples=2 --max_new_tokens=300
     python sample.py --out_dir=out-vha-small --ckpt_name=ckpt_folded.pt --temperature=0   # greedy
     python sample.py --start=FILE:prompt.txt
-    python sample.py --hf_dir=Qwen3-0.6B --start="The capital of France is" --temperature=0   # a Hugging Face Qwen3 folder
+    python sample.py --hf_dir=Qwen3-0.6B --start="The capital of France is" --temperature=0   # a Qwen3 folder
 """
 import os
 import sys
@@ -12,9 +12,11 @@ import time
 
 import torch
 
-from nanovha.config import flat_defaults, settings
 from data.common import load_tokenizer
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha.compiled_decode import compiled_decode, default_folder
+from nanovha.config import flat_defaults, settings
+from nanovha.hardware import choose_decode_dtype
 from nanovha.qwen3 import model_from_hf
 
 out_dir = "out"
@@ -27,12 +29,17 @@ temperature = 0.8  # 0 = greedy
 top_k = 200
 seed = 1337
 device = "auto"
-dtype = "float32"  # float32, bfloat16 or float16 weights for generation
+dtype = "auto"  # weights: auto (CUDA: bf16; a CPU times float32 against bf16 where native), float32, bfloat16, float16
+compile = "auto"  # the decode step. auto: a compiled one if cached for this model and machine, else eager; True:
+# build one if needed (CPU: an AOTInductor package, about a minute on 2 cores, then cached; CUDA: CUDA graphs); False
+compile_cache = ""  # where compiled packages are kept ("": $NANOVHA_CACHE or ~/.cache/nanovha/compiled)
 config = settings(flat_defaults(globals()), sys.argv[1:], optional={"top_k": int})  # --top_k=None: the whole vocab
 globals().update(config)
 
-if dtype not in ("float32", "bfloat16", "float16"):
-    sys.exit(f"error: dtype must be float32, bfloat16 or float16, got {dtype!r}")
+if dtype not in ("auto", "float32", "bfloat16", "float16"):
+    sys.exit(f"error: dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+if compile not in ("auto", "True", "False"):
+    sys.exit(f"error: compile must be auto, True or False, got {compile!r}")
 if temperature < 0 or (top_k is not None and top_k < 1) or max_new_tokens < 1 or num_samples < 1:
     sys.exit("error: need temperature >= 0, top_k >= 1, max_new_tokens >= 1 and num_samples >= 1")
 torch.manual_seed(seed)
@@ -44,8 +51,10 @@ try:
     else:
         ckpt = load_checkpoint(path, device)
         if "meta" not in ckpt:
-            sys.exit(f"error: {path} carries no tokenizer (meta); it was not written by train.py, fold.py or convert.py")
+            sys.exit(f"error: {path} carries no tokenizer (meta); it was not written by train.py, fold.py or "
+                     f"convert.py")
         model, meta = model_from_checkpoint(ckpt, device), ckpt["meta"]
+    dtype, dtype_reason = choose_decode_dtype(device.split(":")[0], dtype, model.eval())
     model = model.to(getattr(torch, dtype)).eval()
     if device == "cpu":  # faster one-token matrix-vector products on CPU (measured in bench_decode.py)
         model.use_decode_layout()
@@ -70,14 +79,32 @@ block = model.cfg.block_size
 if len(prompt) > block:
     sys.exit(f"error: the prompt is {len(prompt)} tokens but the model's context (block_size) is {block}; shorten it")
 if len(prompt) + max_new_tokens > block:
-    print(f"note: generating up to position {len(prompt) + max_new_tokens}, past the trained context of {block}", file=sys.stderr)
+    print(f"note: generating up to position {len(prompt) + max_new_tokens}, past the trained context of {block}",
+          file=sys.stderr)
+
+# the decode step: compiled where a package for this model and machine is cached (fold.py builds one for the folded
+# checkpoint) or where asked for; eager otherwise, which wins for short generations (docs/benchmarks.md#compiled-decode)
+step, device_type = None, device.split(":")[0]
+if device_type == "cpu" and compile != "False":
+    step = compiled_decode(model, compile_cache or default_folder(), build_it=compile == "True")
+elif device_type == "cuda" and compile == "True":
+    step = torch.compile(model.decode_one_token, fullgraph=True, mode="reduce-overhead")
+if step is not None and device_type == "cpu":
+    how = f"compiled ({os.path.basename(step.path)}, {'built' if step.built else 'loaded'} in {step.seconds:.1f} s)"
+elif step is not None:
+    how = "compiled (CUDA graphs, at the first token)"
+elif device_type == "cpu" and compile == "auto":
+    how = "eager; --compile=True builds a compiled step for this model once (a minute or so), later runs load it"
+else:
+    how = "eager"
+print(f"dtype {dtype_reason}; decode {how}", file=sys.stderr)
 
 x = torch.tensor(prompt, dtype=torch.long, device=device)[None]
 gen = torch.Generator(device=device).manual_seed(seed)
 for _ in range(num_samples):
     t0 = time.time()
     with torch.inference_mode():  # no autograd bookkeeping at all (version counters, views): fewer us per op
-        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
+        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen, decode=step)
     dt = time.time() - t0
     print(decode(y[0].tolist()))
     print(f"---------------  ({max_new_tokens} tokens in {dt:.2f} s, {max_new_tokens / dt:.0f} tok/s)")

@@ -4,7 +4,8 @@ models that differ only in their attention (MHA, GQA-4, GQA-2, MQA, VHA and its 
 variant with the same steps, batches, schedule and seeds, compared seed by seed (paired differences).
 
     python sweep.py                # 10 variants x 2 points x 10 seeds = 200 runs of <= 1500 steps, 2 at a time:
-                                   #   about 90 min on the 2-core CPU (runs stop once 99% of the held-out answers are right)
+                                   #   about 90 min on the 2-core CPU (runs stop once 99% of the held-out answers
+                                       are right)
     python sweep.py --quick        # 4 variants x 2 points x 2 seeds: a pipeline check (about 6 min)
     python sweep.py report         # rebuild sweep.md, sweep.json, sweep.csv and sweep.png from the finished runs
     python sweep.py robust         # the recipe under small changes (level rounding, ramp length, data stream, init
@@ -25,14 +26,17 @@ import time
 import numpy as np
 import torch
 
-from nanovha.experiments import choose_variants, fmt, fmt_paired, load_results, mcnemar, paired, parse_command, pyplot, read_json, ROOT, run_all, same_run, train, write_json
+from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, mcnemar, paired, parse_command, pyplot,
+                                 read_json, ROOT, run_all, same_run, train, write_json)
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from data.recall import tasks
-from model import GPT
+from model import fold_to_gqa
 
 # -----------------------------------------------------------------------------
 DEFAULTS = dict(
-    device="auto", seed=200, jobs=2, threads=1,  # seeds 200, 201, ...: the recipe was chosen on 100-109; tiny models: two runs at a time, one thread each, use 2 cores best
+    # seeds 200, 201, ...: the recipe was chosen on 100-109;
+    # tiny models: two runs at a time, one thread each, use 2 cores best
+    device="auto", seed=200, jobs=2, threads=1,
     # runs/<point>/<variant>/seed<N>/ + sweep.json, sweep.csv, sweep.md, sweep.png
     sweep_root="out-sweep", sweep_seeds=10, task="mqar",
     sweep_variants="all",  # or a comma list of SWEEP_VARIANTS
@@ -45,7 +49,8 @@ DEFAULTS = dict(
     robust_variants="mha,gqa4,gqa2", robust_seeds=5, robust_point=-1,  # python sweep.py robust: index into points
 )
 SIZES = {
-    "smoke": dict(sweep_root="out-sweep-smoke", sweep_variants="gqa2,vha", sweep_seeds=2, points="n_keys=16,n_values=16",
+    "smoke": dict(sweep_root="out-sweep-smoke", sweep_variants="gqa2,vha", sweep_seeds=2,
+                  points="n_keys=16,n_values=16",
                   task_args="n_pairs=4", sweep_iters=6, curriculum_iters=3, sweep_batch_size=8, sweep_eval_interval=3,
                   n_val=16, sweep_model_args="--n_layer=1 --n_embd=16 --warmup_iters=1", device="cpu",
                   robust_seeds=1, robust_variants="gqa2"),
@@ -58,20 +63,25 @@ SWEEP_VARIANTS = {
     "mha": lambda H, d: dict(attn="gqa", n_kv_head=H),
     "gqa4": lambda H, d: dict(attn="gqa", n_kv_head=4),
     "gqa2": lambda H, d: dict(attn="gqa", n_kv_head=2),  # the same deployed model as a folded VHA
-    "gqa2_half_q": lambda H, d: dict(attn="gqa", n_head=H // 2, n_kv_head=2),  # VHA's physical q projections, attending directly
+    # VHA's physical q projections, attending directly
+    "gqa2_half_q": lambda H, d: dict(attn="gqa", n_head=H // 2, n_kv_head=2),
     "mqa": lambda H, d: dict(attn="gqa", n_kv_head=1),
     "vha": lambda H, d: dict(attn="vha", n_kv_head=2),  # H/2 physical -> H virtual query heads
     "premix_only": lambda H, d: dict(attn="vha", n_kv_head=2, vha_postmix=False),
     "postmix_only": lambda H, d: dict(attn="vha", n_kv_head=2, vha_premix=False),
-    "mla": lambda H, d: dict(attn="mla", n_kv_head=H, qk_norm=False, mla_rope_dim=d // 2, mla_kv_rank=4 * d - d // 2),  # latent + RoPE key
-    "mfa": lambda H, d: dict(attn="mfa", n_kv_head=1, head_dim=2 * d, q_rank=32),  # one KV head of dim 2d, query rank n_embd / 2
+    # latent + RoPE key
+    "mla": lambda H, d: dict(attn="mla", n_kv_head=H, qk_norm=False, mla_rope_dim=d // 2, mla_kv_rank=4 * d - d // 2),
+    # one KV head of dim 2d, query rank n_embd / 2
+    "mfa": lambda H, d: dict(attn="mfa", n_kv_head=1, head_dim=2 * d, q_rank=32),
 }
 COMPARISONS = [("mha", "gqa2"), ("mha", "gqa4"), ("gqa4", "gqa2"), ("gqa2", "mqa"), ("mha", "mqa"), ("vha", "gqa2"),
-               ("vha", "gqa4"), ("vha", "mha"), ("vha", "gqa2_half_q"), ("premix_only", "gqa2"), ("postmix_only", "gqa2"),
-               ("vha", "premix_only"), ("vha", "postmix_only"), ("mla", "gqa2"), ("mfa", "gqa2"), ("vha", "mla"), ("vha", "mfa")]
+               ("vha", "gqa4"), ("vha", "mha"), ("vha", "gqa2_half_q"), ("premix_only", "gqa2"),
+               ("postmix_only", "gqa2"), ("vha", "premix_only"), ("vha", "postmix_only"), ("mla", "gqa2"),
+               ("mfa", "gqa2"), ("vha", "mla"), ("vha", "mfa")]
 # python sweep.py robust: the recipe with one thing changed at a time (config overrides of this script)
 ROBUSTNESS = {
-    "mix_floor": lambda c: dict(sweep_model_args="--curriculum_mode=mix_floor"),  # each level reached later (rounded down)
+    # each level reached later (rounded down)
+    "mix_floor": lambda c: dict(sweep_model_args="--curriculum_mode=mix_floor"),
     "ramp_short": lambda c: dict(curriculum_iters=round(0.9 * c["curriculum_iters"])),  # the ramp 10% shorter
     "ramp_long": lambda c: dict(curriculum_iters=round(1.1 * c["curriculum_iters"])),  # 10% longer
     "data_stream_1": lambda c: dict(sweep_model_args="--data_stream=1"),  # other batches, the same init
@@ -129,10 +139,12 @@ def prepare_point(cfg, spec):
     with open(tasks.__file__, "rb") as f:
         version = hashlib.sha256(f.read()).hexdigest()[:8]
     name = "_".join(f"{k}{v}" for k, v in spec.items() if k != "task")
-    folder = os.path.abspath(os.path.join(cfg["sweep_root"], "data", f"{spec['task']}_{name}_val{cfg['n_val']}_{version}"))
+    folder = os.path.abspath(os.path.join(cfg["sweep_root"], "data",
+                                          f"{spec['task']}_{name}_val{cfg['n_val']}_{version}"))
     if not os.path.exists(os.path.join(folder, "meta.pkl")):
-        cmd = [sys.executable, os.path.join(ROOT, "data", "recall", "prepare.py"), "--out_dir", folder, "--task", spec["task"],
-               "--n_val", str(cfg["n_val"]), *[f"--{k}={v}" for k, v in spec.items() if k != "task"]]
+        cmd = [sys.executable, os.path.join(ROOT, "data", "recall", "prepare.py"), "--out_dir", folder,
+               "--task", spec["task"], "--n_val", str(cfg["n_val"]),
+               *[f"--{k}={v}" for k, v in spec.items() if k != "task"]]
         if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
             sys.exit(1)  # prepare.py printed the error
     return folder
@@ -145,11 +157,12 @@ def sweep_args(cfg, point, variant, seed, run_dir, data_dir):
     arch = dict(SWEEP_VARIANTS[variant](model.get("n_head", 8), model.get("head_dim", 8)))
     overrides = {**model, **arch, "n_head": arch.get("n_head", model.get("n_head", 8))}
     iters = cfg["sweep_iters"]
-    return ["config/recall_mqar.py", f"--data_dir={data_dir}", f"--out_dir={run_dir}", f"--seed={seed}", f"--max_iters={iters}",
-            f"--lr_decay_iters={iters}", f"--curriculum_iters={cfg['curriculum_iters']}", f"--batch_size={cfg['sweep_batch_size']}",
-            f"--block_size={tasks.row_length(spec)}", f"--eval_interval={cfg['sweep_eval_interval']}", f"--log_interval={iters}",
-            f"--stop_at_acc={cfg['stop_at_acc']}", f"--device={cfg['device']}", *[f"--{k}={v}" for k, v in overrides.items()],
-            *cfg["sweep_model_args"].split()]
+    return ["config/recall_mqar.py", f"--data_dir={data_dir}", f"--out_dir={run_dir}", f"--seed={seed}",
+            f"--max_iters={iters}", f"--lr_decay_iters={iters}", f"--curriculum_iters={cfg['curriculum_iters']}",
+            f"--batch_size={cfg['sweep_batch_size']}", f"--block_size={tasks.row_length(spec)}",
+            f"--eval_interval={cfg['sweep_eval_interval']}", f"--log_interval={iters}",
+            f"--stop_at_acc={cfg['stop_at_acc']}", f"--device={cfg['device']}",
+            *[f"--{k}={v}" for k, v in overrides.items()], *cfg["sweep_model_args"].split()]
 
 
 @torch.no_grad()
@@ -157,7 +170,8 @@ def row_accuracy(model, data_dir, device):
     """(answer-token accuracy, argmax predictions) of a model on a row dataset's held-out rows."""
     with np.load(os.path.join(data_dir, "val.npz")) as f:
         x, y = torch.from_numpy(f["x"].astype(np.int64)), f["y"]
-    pred = torch.cat([model.to(device).eval()(x[i:i + 256].to(device))[0].argmax(-1).cpu() for i in range(0, len(x), 256)]).numpy()
+    pred = torch.cat([model.to(device).eval()(x[i:i + 256].to(device))[0].argmax(-1).cpu()
+                      for i in range(0, len(x), 256)]).numpy()
     return tasks.score(pred, y)[0], pred
 
 
@@ -174,14 +188,15 @@ def run_one(cfg, job):
     rows, note = train(cfg, run_dir, args, cfg["sweep_iters"])
     curve = [[r["iter"], r["val_acc"]] for r in rows if "val_acc" in r]
     model = model_from_checkpoint(load_checkpoint(os.path.join(run_dir, "ckpt.pt")))
-    res = {"point": point[0], "variant": variant, "seed": seed, "args": args, "spec": point[1], "iters": cfg["sweep_iters"],
-           "acc": curve[-1][1], "exact": [r["val_exact"] for r in rows if "val_exact" in r][-1], "curve": curve,
-           "params": model.num_params(), "kv_bytes_per_token": model.kv_bytes_per_token(torch.bfloat16), "train_s": rows[-1]["time"]}
-    if model.cfg.attn == "vha" and model.cfg.vha_postmix_act == "linear":  # deployed form: plain GQA, scored the same way
+    res = {"point": point[0], "variant": variant, "seed": seed, "args": args, "spec": point[1],
+           "iters": cfg["sweep_iters"], "acc": curve[-1][1],
+           "exact": [r["val_exact"] for r in rows if "val_exact" in r][-1], "curve": curve,
+           "params": model.num_params(), "kv_bytes_per_token": model.cfg.kv_bytes_per_token(torch.bfloat16),
+           "train_s": rows[-1]["time"]}
+    # deployed form: plain GQA, scored the same way
+    if model.cfg.attn == "vha" and model.cfg.vha_postmix_act == "linear":
         acc, pred = row_accuracy(model, data_dir, "cpu")
-        gqa_cfg, state = model.fold_to_gqa()
-        folded = GPT(gqa_cfg)
-        folded.load_state_dict(state)
+        folded = fold_to_gqa(model)
         res["acc_unfolded"], (res["acc_folded"], pred_folded) = acc, row_accuracy(folded, data_dir, "cpu")
         res["fold_same_predictions"] = bool((pred == pred_folded).all())
     res["wall_s"] = time.time() - t0
@@ -192,10 +207,11 @@ def run_one(cfg, job):
 def run_grid(cfg, variants, seeds):
     points = cfg["point_list"]
     folders = {p[0]: prepare_point(cfg, p[1]) for p in points}
-    jobs = [(p, v, s, folders[p[0]]) for s in seeds for p in points for v in variants]  # seed-major: every point has the
-    # same seeds finished at any time
-    print(f"recall sweep ({cfg['size']}): {len(points)} points x {len(variants)} variants x {len(seeds)} seeds = {len(jobs)} runs "
-          f"of <= {cfg['sweep_iters']} steps x {cfg['sweep_batch_size']} rows, {cfg['jobs']} at a time; results in {cfg['sweep_root']}")
+    # seed-major: every point has the same seeds finished at any time
+    jobs = [(p, v, s, folders[p[0]]) for s in seeds for p in points for v in variants]
+    print(f"recall sweep ({cfg['size']}): {len(points)} points x {len(variants)} variants x {len(seeds)} seeds = "
+          f"{len(jobs)} runs of <= {cfg['sweep_iters']} steps x {cfg['sweep_batch_size']} rows, {cfg['jobs']} at a "
+          f"time; results in {cfg['sweep_root']}")
     run_all(cfg, jobs, lambda job: run_one(cfg, job), lambda job: f"{job[0][0]} {job[1]} seed {job[2]}")
 
 
@@ -247,7 +263,8 @@ def cmd_report(cfg):
     """sweep.json/csv, sweep.md (per point: learning speed, accuracy, success; paired comparisons) and sweep.png."""
     rows = results(cfg, cfg["sweep_root"], cfg["variant_list"])
     if not rows:
-        sys.exit(f"error: no finished sweep runs in {cfg['sweep_root']}/runs for these points and variants; run python sweep.py first")
+        sys.exit(f"error: no finished sweep runs in {cfg['sweep_root']}/runs for these points and variants; "
+                 "run python sweep.py first")
     write_json(os.path.join(cfg["sweep_root"], "sweep.json"), rows)
     cols = ["point", "variant", "seed", "acc", "exact", "steps_to_50", "steps_to_90", "steps_to_99", "auc", "params",
             "kv_bytes_per_token", "train_s"]
@@ -258,51 +275,62 @@ def cmd_report(cfg):
     points = [p[0] for p in cfg["point_list"] if any(r["point"] == p[0] for r in rows)]
     iters, th = rows[0]["iters"], cfg["success"]
     lines = ["# Recall KV-budget sweep", "",
-             f"Task {rows[0]['spec']['task']}; every run: up to {iters} steps x {cfg['sweep_batch_size']} rows, config/recall_mqar.py "
-             f"(curriculum over the first {cfg['curriculum_iters']} steps) plus the variant's heads; the same seeds (init blocks and "
-             f"batches) for every variant. Accuracy: answer tokens right on {cfg['n_val']} held-out rows at full difficulty, "
-             f"every {cfg['sweep_eval_interval']} steps; a run stops at its first eval >= {cfg['stop_at_acc']:.0%}. Steps to X%: "
-             f"interpolated between evals; a run that never got there counts as {iters} (a lower bound). AUC: mean accuracy over "
-             f"the {iters} steps. Success: final accuracy >= {th:.0%}. Mean ± SE over seeds.", ""]
+             f"Task {rows[0]['spec']['task']}; every run: up to {iters} steps x {cfg['sweep_batch_size']} rows, "
+             f"config/recall_mqar.py (curriculum over the first {cfg['curriculum_iters']} steps) plus the variant's "
+             "heads; the same seeds (init blocks and batches) for every variant. Accuracy: answer tokens right on "
+             f"{cfg['n_val']} held-out rows at full difficulty, every {cfg['sweep_eval_interval']} steps; a run stops "
+             f"at its first eval >= {cfg['stop_at_acc']:.0%}. Steps to X%: interpolated between evals; a run that "
+             f"never got there counts as {iters} (a lower bound). AUC: mean accuracy over the {iters} steps. Success: "
+             f"final accuracy >= {th:.0%}. Mean ± SE over seeds.", ""]
     for p in points:
-        lines += [f"## Point {p}", "", "| variant | KV B/token (bf16) | params | success | steps to 50% | steps to 90% | steps to 99% "
-                  "| AUC % | final accuracy % |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"## Point {p}", "", "| variant | KV B/token (bf16) | params | success | steps to 50% | steps to 90% "
+                  "| steps to 99% | AUC % | final accuracy % |", "|---|---|---|---|---|---|---|---|---|"]
         for v in variants:
             g = list(at(p, v).values())
             if g:
-                lines.append(f"| {v} | {g[0]['kv_bytes_per_token']} | {g[0]['params']:,} | {sum(r['acc'] >= th for r in g)}/{len(g)} | "
-                             + " | ".join(fmt([r[f"steps_to_{round(lv * 100)}"] for r in g], 1, 0, "se") for lv in LEVELS)
-                             + f" | {fmt([r['auc'] for r in g], 100, 1, 'se')} | {fmt([r['acc'] for r in g], 100, 1, 'se')} |")
+                lines.append(f"| {v} | {g[0]['kv_bytes_per_token']} | {g[0]['params']:,} | "
+                             f"{sum(r['acc'] >= th for r in g)}/{len(g)} | "
+                             + " | ".join(fmt([r[f"steps_to_{round(lv * 100)}"] for r in g], 1, 0, "se")
+                                          for lv in LEVELS)
+                             + f" | {fmt([r['auc'] for r in g], 100, 1, 'se')} | "
+                               f"{fmt([r['acc'] for r in g], 100, 1, 'se')} |")
         lines.append("")
     lines += ["## Paired comparisons", "",
-              "Δ = first minus second over the seeds both ran, mean ± SE (|t| in SE, n seeds). **Bold**: the paired t-test rejects "
-              "'no difference' at 5%. MDE: the smallest difference these seeds resolve at 2 SE. Fewer steps and a larger AUC "
-              "are better. 'Seeds both learned': only the seeds where both variants succeeded (how fast, given that they learn; "
-              f"how often they learn is the success column). Success: seeds where only the first / only the second reached {th:.0%}, exact McNemar p.", "",
-              "| comparison | point | Δ steps to 90% | MDE | Δ steps to 90%, seeds both learned | MDE | Δ AUC (points) | MDE | "
-              "Δ final accuracy (points) | success: only first / only second (p) |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "Δ = first minus second over the seeds both ran, mean ± SE (|t| in SE, n seeds). **Bold**: the paired "
+              "t-test rejects 'no difference' at 5%. MDE: the smallest difference these seeds resolve at 2 SE. Fewer "
+              "steps and a larger AUC are better. 'Seeds both learned': only the seeds where both variants succeeded "
+              "(how fast, given that they learn; how often they learn is the success column). Success: seeds where "
+              f"only the first / only the second reached {th:.0%}, exact McNemar p.", "",
+              "| comparison | point | Δ steps to 90% | MDE | Δ steps to 90%, seeds both learned | MDE | Δ AUC (points) "
+              "| MDE | Δ final accuracy (points) | success: only first / only second (p) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for a, b in COMPARISONS:
         for p in points:
             A, B = at(p, a), at(p, b)
             if A and B:
                 steps, steps_mde = paired_line(A, B, "steps_to_90", 1, 0)
-                both = [x for x in set(A) & set(B) if min(A[x]["acc"], B[x]["acc"]) >= th]  # learning speed given success
-                learned, learned_mde = paired_line({x: A[x] for x in both}, {x: B[x] for x in both}, "steps_to_90", 1, 0)
+                # learning speed given success
+                both = [x for x in set(A) & set(B) if min(A[x]["acc"], B[x]["acc"]) >= th]
+                learned, learned_mde = paired_line({x: A[x] for x in both}, {x: B[x] for x in both},
+                                                   "steps_to_90", 1, 0)
                 auc, auc_mde = paired_line(A, B, "auc", 100, 1)
                 acc, _ = paired_line(A, B, "acc", 100, 1)
-                only_a, only_b, pv = mcnemar({s: r["acc"] >= th for s, r in A.items()}, {s: r["acc"] >= th for s, r in B.items()})
-                lines.append(f"| {a} vs {b} | {p} | {steps} | {steps_mde} | {learned} | {learned_mde} | {auc} | {auc_mde} | {acc} | "
-                             f"{only_a} / {only_b} (p = {pv:.3g}) |")
+                only_a, only_b, pv = mcnemar({s: r["acc"] >= th for s, r in A.items()},
+                                             {s: r["acc"] >= th for s, r in B.items()})
+                lines.append(f"| {a} vs {b} | {p} | {steps} | {steps_mde} | {learned} | {learned_mde} | {auc} | "
+                             f"{auc_mde} | {acc} | {only_a} / {only_b} (p = {pv:.3g}) |")
     folds = [r for r in rows if "acc_folded" in r]
     if folds:
         gap = max(abs(r["acc_folded"] - r["acc_unfolded"]) for r in folds)
         lines += ["", f"Folded == unfolded: {len(folds)} VHA-family runs (linear postmix) were folded into plain GQA "
-                  f"(GPT.fold_to_gqa) and scored again: the largest accuracy difference is {gap * 100:.2f} points, and "
-                  f"{sum(r['fold_same_predictions'] for r in folds)} of {len(folds)} give the same argmax at every position."]
+                  f"(fold_to_gqa) and scored again: the largest accuracy difference is {gap * 100:.2f} points, and "
+                  f"{sum(r['fold_same_predictions'] for r in folds)} of {len(folds)} give the same argmax at "
+                  "every position."]
     png = plot(rows, points, variants, cfg)
     if png:
         lines += ["", f"![recall sweep]({os.path.basename(png)})"]
-    write_report(os.path.join(cfg["sweep_root"], "sweep.md"), lines, "sweep.json, sweep.csv" + (f", {os.path.basename(png)}" if png else ""))
+    write_report(os.path.join(cfg["sweep_root"], "sweep.md"), lines,
+                 "sweep.json, sweep.csv" + (f", {os.path.basename(png)}" if png else ""))
 
 
 def write_report(path, lines, also):
@@ -363,29 +391,35 @@ def cmd_robust_report(cfg):
     """robust.md: success and learning speed of the baselines under each change of the recipe, and what sharing
     the init between variants does to the spread of paired differences."""
     th, table = cfg["success"], {}
-    lines = ["# The recall recipe under small changes", "", f"Point {cfg['point_list'][cfg['robust_point']][0]}; each row changes "
+    lines = ["# The recall recipe under small changes", "",
+             f"Point {cfg['point_list'][cfg['robust_point']][0]}; each row changes "
              "one thing in the recipe (python sweep.py robust). Success: final held-out accuracy >= "
-             f"{th:.0%}; steps to 90%: mean ± SE over seeds.", "", "| change | " + " | ".join(
-                 f"{v}: success | {v}: steps to 90%" for v in cfg["robust_list"]) + " |", "|---" * (1 + 2 * len(cfg["robust_list"])) + "|"]
+             f"{th:.0%}; steps to 90%: mean ± SE over seeds.", "",
+             "| change | " + " | ".join(f"{v}: success | {v}: steps to 90%" for v in cfg["robust_list"]) + " |",
+             "|---" * (1 + 2 * len(cfg["robust_list"])) + "|"]
     for name, c in robust_cfgs(cfg):
         rows = results(c, c["sweep_root"], cfg["robust_list"])
         table[name] = {v: {r["seed"]: r for r in rows if r["variant"] == v} for v in cfg["robust_list"]}
-        cells = [f"{sum(r['acc'] >= th for r in g.values())}/{len(g)} | {fmt([r['steps_to_90'] for r in g.values()], 1, 0, 'se')}"
+        cells = [f"{sum(r['acc'] >= th for r in g.values())}/{len(g)} | "
+                 f"{fmt([r['steps_to_90'] for r in g.values()], 1, 0, 'se')}"
                  if g else "- | -" for g in table[name].values()]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "## Shared init and the spread of paired differences", "", "SD over seeds of the paired difference in steps "
-              "to 90%, with every variant of a seed starting from the same blocks (recipe) and with independent inits "
-              "(independent_init), on the seeds where both variants learned in both settings.", "", "| comparison | SD, shared init | SD, independent init | n |",
+    lines += ["", "## Shared init and the spread of paired differences", "",
+              "SD over seeds of the paired difference in steps to 90%, with every variant of a seed starting from "
+              "the same blocks (recipe) and with independent inits (independent_init), on the seeds where both "
+              "variants learned in both settings.", "", "| comparison | SD, shared init | SD, independent init | n |",
               "|---|---|---|---|"]
     for a, b in [(a, b) for a, b in COMPARISONS if a in cfg["robust_list"] and b in cfg["robust_list"]]:
         sd = {}
         for name in ("recipe", "independent_init"):
             A, B = table[name][a], table[name][b]
-            sd[name] = {s: A[s]["steps_to_90"] - B[s]["steps_to_90"] for s in set(A) & set(B) if min(A[s]["acc"], B[s]["acc"]) >= th}
+            sd[name] = {s: A[s]["steps_to_90"] - B[s]["steps_to_90"] for s in set(A) & set(B)
+                        if min(A[s]["acc"], B[s]["acc"]) >= th}
         seeds = sorted(set(sd["recipe"]) & set(sd["independent_init"]))
         if len(seeds) > 1:
             lines.append(f"| {a} - {b} | " + " | ".join(f"{np.std([sd[k][s] for s in seeds], ddof=1):.0f}"
-                                                         for k in ("recipe", "independent_init")) + f" | {len(seeds)} |")
+                                                         for k in ("recipe", "independent_init"))
+                         + f" | {len(seeds)} |")
     write_report(os.path.join(cfg["sweep_root"], "robust.md"), lines, "")
 
 

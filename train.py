@@ -296,7 +296,7 @@ def estimate_loss():
 
 
 peak = gpu_spec(torch.cuda.get_device_name())[0] if device_type == "cuda" else None  # for MFU; None: CPU or unknown GPU
-flops_per_iter = raw_model.flops_per_token(data.seq_len, training=True) * tokens_per_iter
+flops_per_iter = raw_model.cfg.flops_per_token(data.seq_len, training=True) * tokens_per_iter
 
 if master:
     if resuming:
@@ -304,7 +304,7 @@ if master:
     else:
         open(log_path, "w").close()
     print(f"{raw_model.cfg.attn} model: {raw_model.num_params() / 1e6:.2f}M params, KV cache "
-          f"{raw_model.kv_bytes_per_token(torch.float32)} B/token (fp32), {tokens_per_iter} tokens/iter, "
+          f"{raw_model.cfg.kv_bytes_per_token(torch.float32)} B/token (fp32), {tokens_per_iter} tokens/iter, "
           f"device {device}, compile {compile}, {world_size} process(es)")
     emulated = dtype_reason.startswith("warning")  # an explicit bf16 on a CPU that emulates it
     print(dtype_reason if emulated else f"dtype {dtype_reason}", file=sys.stderr if emulated else sys.stdout)

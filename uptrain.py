@@ -35,7 +35,8 @@ import time
 
 import torch
 
-from nanovha.experiments import fmt, fmt_paired, load_results, paired, parse_command, read_json, run_all, run_script, same_run, T_CRIT, train, write_json
+from nanovha.experiments import (fmt, fmt_paired, load_results, paired, parse_command, read_json, run_all, run_script,
+                                 same_run, T_CRIT, train, write_json)
 
 # -----------------------------------------------------------------------------
 DEFAULTS = dict(
@@ -44,14 +45,16 @@ DEFAULTS = dict(
     dataset="shakespeare_char", data_dir="",  # data_dir: any folder with train.bin/val.bin/meta.pkl
     teacher_iters=1200, teacher_seed=1337,  # the demo's budget; the teacher's seed is not one of the warm-up seeds
     seed=0, n_seeds=5,  # warm-up and scratch seeds seed .. seed+n_seeds-1
-    warmup_frac=0.1, freeze_frac=0.25,  # warm-up iters = warmup_frac * teacher_iters; the first freeze_frac of them frozen
+    # warm-up iters = warmup_frac * teacher_iters; the first freeze_frac of them frozen
+    warmup_frac=0.1, freeze_frac=0.25,
     long_warmup_frac=0.5,  # the *_long warm-ups (distilled): how far a longer warm-up closes the gap to the scratch VHA
     distill_alpha=0.7, distill_temperature=1.0,
     # the warm-up schedule, the same for every variant: chosen for the GQA baseline's uptraining (the demo's lr / 3,
     # a short linear warmup, cosine to lr / 10) and NOT tuned on VHA (nor on GQA: it is a guess, not a sweep)
     uptrain_lr=2e-3 / 3, uptrain_warmup_iters=10,
     batch_size=16, block_size=256, eval_iters=20, evals=4, log_interval=10,  # evals: evals per run after iteration 0
-    model_args="",  # extra train.py overrides for the teacher and the scratch runs (the warm-ups take the checkpoint's shape)
+    # extra train.py overrides for the teacher and the scratch runs (the warm-ups take the checkpoint's shape)
+    model_args="",
     dtype="",  # "": config/vha_small.py's auto (fp32 where bf16 would be emulated)
 )
 SIZES = {
@@ -64,8 +67,10 @@ SIZES = {
 }
 WARM = {  # variant: (converted model, distill, long warm-up?)
     "vha_warm": ("vha", False, False), "vha_warm_kd": ("vha", True, False), "gqa_uptrain": ("gqa", False, False),
-    "gqa_uptrain_kd": ("gqa", True, False), "vha_warm_kd_long": ("vha", True, True), "gqa_uptrain_kd_long": ("gqa", True, True)}
-VHA_FILES, GQA_FILES = ["config/vha_small.py"], ["config/vha_small.py", "config/ablations/gqa_same_deploy.py"]  # 8Q/2KV both
+    "gqa_uptrain_kd": ("gqa", True, False), "vha_warm_kd_long": ("vha", True, True),
+    "gqa_uptrain_kd_long": ("gqa", True, True)}
+# 8Q/2KV both
+VHA_FILES, GQA_FILES = ["config/vha_small.py"], ["config/vha_small.py", "config/ablations/gqa_same_deploy.py"]
 SCRATCH = {  # variant: (config files, full budget? else the warm-up's)
     "vha_scratch_full": (VHA_FILES, True), "gqa_scratch_full": (GQA_FILES, True),
     "vha_scratch_short": (VHA_FILES, False), "gqa_scratch_short": (GQA_FILES, False)}
@@ -73,19 +78,23 @@ VARIANTS = ("teacher_eval", *WARM, *SCRATCH)
 TEACHER_FILES = ["config/vha_small.py", "config/ablations/gqa_4x_cache.py"]
 # (first, second, what is compared, metric): Δ = first - second, per seed
 COMPARISONS = [
-    ("vha_scratch_full", "gqa_scratch_full", "from scratch, full budget: VHA vs same-deploy GQA (the paper's claim)", "val_loss"),
+    ("vha_scratch_full", "gqa_scratch_full", "from scratch, full budget: VHA vs same-deploy GQA (the paper's claim)",
+     "val_loss"),
     ("vha_warm", "gqa_uptrain", "before warm-up: VHA converted vs GQA mean-pooled", "val_before"),
     ("vha_warm", "gqa_uptrain", "after warm-up, no distillation: VHA vs GQA uptraining", "val_loss"),
     ("vha_warm_kd", "gqa_uptrain_kd", "after warm-up, distillation: VHA vs GQA uptraining", "val_loss"),
     ("vha_warm_kd", "vha_warm", "VHA: distillation vs none", "val_loss"),
     ("gqa_uptrain_kd", "gqa_uptrain", "GQA: distillation vs none", "val_loss"),
-    ("vha_warm", "vha_scratch_full", "TARGET: VHA warm (short budget) vs VHA scratch (full budget), no distillation", "val_loss"),
-    ("vha_warm_kd", "vha_scratch_full", "TARGET: VHA warm (short budget) vs VHA scratch (full budget), distillation", "val_loss"),
+    ("vha_warm", "vha_scratch_full", "TARGET: VHA warm (short budget) vs VHA scratch (full budget), no distillation",
+     "val_loss"),
+    ("vha_warm_kd", "vha_scratch_full", "TARGET: VHA warm (short budget) vs VHA scratch (full budget), distillation",
+     "val_loss"),
     ("vha_warm", "vha_scratch_short", "same budget: VHA warm vs VHA scratch, no distillation", "val_loss"),
     ("vha_warm_kd", "vha_scratch_short", "same budget: VHA warm vs VHA scratch, distillation", "val_loss"),
     ("gqa_uptrain", "gqa_scratch_short", "same budget: GQA uptraining vs GQA scratch", "val_loss"),
     ("vha_warm_kd_long", "gqa_uptrain_kd_long", "long warm-up, distillation: VHA vs GQA uptraining", "val_loss"),
-    ("vha_warm_kd_long", "vha_scratch_full", "TARGET, long warm-up: VHA warm vs VHA scratch (full budget), distillation", "val_loss"),
+    ("vha_warm_kd_long", "vha_scratch_full",
+     "TARGET, long warm-up: VHA warm vs VHA scratch (full budget), distillation", "val_loss"),
 ]
 # -----------------------------------------------------------------------------
 
@@ -96,7 +105,8 @@ def parse_args(argv):
     if min(cfg["n_seeds"], cfg["jobs"], cfg["teacher_iters"], cfg["evals"]) < 1:
         sys.exit("error: n_seeds, jobs, teacher_iters and evals must be >= 1")
     if not (0 < cfg["warmup_frac"] <= 1 and 0 <= cfg["freeze_frac"] <= 1):
-        sys.exit(f"error: warmup_frac={cfg['warmup_frac']} must be in (0, 1] and freeze_frac={cfg['freeze_frac']} in [0, 1]")
+        sys.exit(f"error: warmup_frac={cfg['warmup_frac']} must be in (0, 1] and freeze_frac={cfg['freeze_frac']} "
+                 "in [0, 1]")
     if not 0 < cfg["long_warmup_frac"] <= 1:
         sys.exit(f"error: long_warmup_frac={cfg['long_warmup_frac']} must be in (0, 1]")
     cfg["warm_iters"] = max(1, round(cfg["warmup_frac"] * cfg["teacher_iters"]))
@@ -104,7 +114,8 @@ def parse_args(argv):
     cfg["freeze_iters"] = round(cfg["freeze_frac"] * cfg["warm_iters"])  # the same share of every warm-up frozen
     cfg["long_freeze_iters"] = round(cfg["freeze_frac"] * cfg["long_warm_iters"])
     if cfg["uptrain_warmup_iters"] > (shortest := min(cfg["warm_iters"], cfg["long_warm_iters"])):
-        sys.exit(f"error: uptrain_warmup_iters={cfg['uptrain_warmup_iters']} is past a warm-up's {shortest} iterations; lower it")
+        sys.exit(f"error: uptrain_warmup_iters={cfg['uptrain_warmup_iters']} is past a warm-up's {shortest} "
+                 "iterations; lower it")
     cfg["root"] = os.path.abspath(cfg["out_root"])
     cfg["teacher_ckpt"] = os.path.join(cfg["root"], "teacher", "ckpt.pt")
     return command, cfg
@@ -113,10 +124,12 @@ def parse_args(argv):
 # ---- train.py argvs ----
 def common_args(cfg, iters):
     """What every run shares: data, batch, context, evals (iteration 0, every iters / evals, the last), device."""
-    data = [f"--dataset={cfg['dataset']}"] + ([f"--data_dir={os.path.abspath(cfg['data_dir'])}"] if cfg["data_dir"] else [])
-    return [*data, f"--batch_size={cfg['batch_size']}", f"--block_size={cfg['block_size']}", f"--eval_iters={cfg['eval_iters']}",
-            f"--eval_interval={max(1, iters // cfg['evals'])}", f"--log_interval={cfg['log_interval']}",
-            f"--device={cfg['device']}", *([f"--dtype={cfg['dtype']}"] if cfg["dtype"] else [])]
+    data = [f"--dataset={cfg['dataset']}"] + ([f"--data_dir={os.path.abspath(cfg['data_dir'])}"]
+                                              if cfg["data_dir"] else [])
+    return [*data, f"--batch_size={cfg['batch_size']}", f"--block_size={cfg['block_size']}",
+            f"--eval_iters={cfg['eval_iters']}", f"--eval_interval={max(1, iters // cfg['evals'])}",
+            f"--log_interval={cfg['log_interval']}", f"--device={cfg['device']}",
+            *([f"--dtype={cfg['dtype']}"] if cfg["dtype"] else [])]
 
 
 def scratch_args(cfg, files, iters, seed, run_dir):
@@ -138,9 +151,10 @@ def run_args(cfg, variant, seed, run_dir):
     frozen = cfg["long_freeze_iters"] if long else cfg["freeze_iters"]
     kd = [f"--teacher={cfg['teacher_ckpt']}", f"--distill_alpha={cfg['distill_alpha']}",
           f"--distill_temperature={cfg['distill_temperature']}"] if distill else []
-    return [f"--init_from={os.path.join(cfg['root'], 'converted', start, 'ckpt.pt')}", f"--out_dir={run_dir}", f"--seed={seed}",
-            f"--max_iters={W}", f"--lr_decay_iters={W}", f"--warmup_iters={cfg['uptrain_warmup_iters']}",
-            f"--learning_rate={lr}", f"--min_lr={lr / 10}", f"--freeze_iters={frozen}", *kd, *common_args(cfg, W)]
+    return [f"--init_from={os.path.join(cfg['root'], 'converted', start, 'ckpt.pt')}", f"--out_dir={run_dir}",
+            f"--seed={seed}", f"--max_iters={W}", f"--lr_decay_iters={W}",
+            f"--warmup_iters={cfg['uptrain_warmup_iters']}", f"--learning_rate={lr}", f"--min_lr={lr / 10}",
+            f"--freeze_iters={frozen}", *kd, *common_args(cfg, W)]
 
 
 def run_iters(cfg, variant):
@@ -157,9 +171,11 @@ def train_teacher(cfg):
     args = scratch_args(cfg, TEACHER_FILES, cfg["teacher_iters"], cfg["teacher_seed"], run_dir)
     rows, note = train(cfg, run_dir, args, cfg["teacher_iters"])
     evals = [r for r in rows if "val_loss" in r]
-    write_json(os.path.join(run_dir, "result.json"), {"args": args, "iters": cfg["teacher_iters"], "val_loss": evals[-1]["val_loss"],
+    write_json(os.path.join(run_dir, "result.json"), {"args": args, "iters": cfg["teacher_iters"],
+                                                      "val_loss": evals[-1]["val_loss"],
                                                       "curve": [[r["tokens"], r["val_loss"]] for r in evals]})
-    print(f"teacher (GQA 8Q/8KV, {cfg['teacher_iters']} iters): {note or 'trained, '}val loss {evals[-1]['val_loss']:.4f}", flush=True)
+    print(f"teacher (GQA 8Q/8KV, {cfg['teacher_iters']} iters): {note or 'trained, '}val loss "
+          f"{evals[-1]['val_loss']:.4f}", flush=True)
 
 
 def convert_teacher(cfg, to):
@@ -189,7 +205,8 @@ def fold_and_export(cfg):
     if os.path.exists(log):
         os.remove(log)
     run_script(cfg, out, "fold.py", [f"--out_dir={run_path(cfg, 'vha_warm_kd', cfg['seed'])}",
-                                     f"--export_hf={os.path.join(out, 'hf')}", f"--gen_tokens={min(200, cfg['block_size'] - 16)}"])
+                                     f"--export_hf={os.path.join(out, 'hf')}",
+                                     f"--gen_tokens={min(200, cfg['block_size'] - 16)}", "--compile_decode=False"])
     print(f"fold and export of vha_warm_kd seed {cfg['seed']}: {out}/hf (fold.py's report: {log})", flush=True)
 
 
@@ -207,7 +224,8 @@ def run_one(cfg, job):
     iters = run_iters(cfg, variant)
     res = {"variant": variant, "seed": seed, "args": args, "iters": iters,
            "tokens": iters * cfg["batch_size"] * cfg["block_size"], "val_before": evals[0]["val_loss"],
-           "val_loss": evals[-1]["val_loss"], "curve": [[r["tokens"], r["val_loss"]] for r in evals], "wall_s": time.time() - t0}
+           "val_loss": evals[-1]["val_loss"], "curve": [[r["tokens"], r["val_loss"]] for r in evals],
+           "wall_s": time.time() - t0}
     write_json(result_path, res)
     return note + f"val loss {res['val_loss']:.4f}, {res['wall_s']:.0f} s"
 
@@ -215,8 +233,8 @@ def run_one(cfg, job):
 def cmd_run(cfg):
     seeds = [cfg["seed"] + i for i in range(cfg["n_seeds"])]
     jobs = [(v, s) for s in seeds for v in VARIANTS]
-    print(f"conversion comparison ({cfg['size']}): teacher {cfg['teacher_iters']} iters, warm-ups {cfg['warm_iters']} iters "
-          f"({cfg['freeze_iters']} frozen; *_long: {cfg['long_warm_iters']}, {cfg['long_freeze_iters']} frozen), "
+    print(f"conversion comparison ({cfg['size']}): teacher {cfg['teacher_iters']} iters, warm-ups {cfg['warm_iters']} "
+          f"iters ({cfg['freeze_iters']} frozen; *_long: {cfg['long_warm_iters']}, {cfg['long_freeze_iters']} frozen), "
           f"{len(VARIANTS)} run kinds x {len(seeds)} seeds; results in {cfg['root']}", flush=True)
     if cfg["size"] != "full":
         print(f"note: --{cfg['size']} is a reduced comparison, a check of the pipeline, not the result")
@@ -234,8 +252,10 @@ def comparisons(R):
     out = []
     for a, b, what, metric in COMPARISONS:
         if a in R and b in R:
-            n, mean, se, t, resolved = paired({s: r[metric] for s, r in R[a].items()}, {s: r[metric] for s, r in R[b].items()})
-            out.append(dict(first=a, second=b, what=what, metric=metric, n=n, mean=mean, se=se, t=t, resolved=bool(resolved)))
+            n, mean, se, t, resolved = paired({s: r[metric] for s, r in R[a].items()},
+                                              {s: r[metric] for s, r in R[b].items()})
+            out.append(dict(first=a, second=b, what=what, metric=metric, n=n, mean=mean, se=se, t=t,
+                            resolved=bool(resolved)))
     return out
 
 
@@ -244,14 +264,17 @@ def verdict(c):
         return "fewer than 2 shared seeds: not judged"
     sure = "resolved" if c["resolved"] else "not resolved"
     if c["what"].startswith("TARGET"):  # does the warmed VHA reach the full-budget scratch VHA?
-        return (f"misses it by {c['mean']:.4f}" if c["mean"] > 0 else f"reaches it ({-c['mean']:.4f} lower)") + f", {sure}"
+        return ((f"misses it by {c['mean']:.4f}" if c["mean"] > 0 else f"reaches it ({-c['mean']:.4f} lower)")
+                + f", {sure}")
     return ("first lower" if c["mean"] < 0 else "first higher" if c["mean"] > 0 else "no difference") + f", {sure}"
 
 
 def variant_lines(R, cfg):
     teacher = {s: r["val_loss"] for s, r in R.get("teacher_eval", {}).items()}
-    lines = ["| variant | iters | val loss before warm-up | val loss after | gap to the teacher (after - teacher) | seeds |",
-             "|---|---|---|---|---|---|", f"| teacher (GQA 8Q/8KV), on each seed's eval batches | {cfg['teacher_iters']} | - | "
+    lines = ["| variant | iters | val loss before warm-up | val loss after "
+             "| gap to the teacher (after - teacher) | seeds |",
+             "|---|---|---|---|---|---|",
+             f"| teacher (GQA 8Q/8KV), on each seed's eval batches | {cfg['teacher_iters']} | - | "
              f"{fmt(list(teacher.values()))} | 0 | {len(teacher)} |"]
     for v in (*WARM, *SCRATCH):
         if v not in R:
@@ -259,7 +282,8 @@ def variant_lines(R, cfg):
         rs = list(R[v].values())
         gaps = [r["val_loss"] - teacher[s] for s, r in R[v].items() if s in teacher]
         before = fmt([r["val_before"] for r in rs]) if v in WARM else "- (from scratch)"
-        lines.append(f"| {v} | {rs[0]['iters']} | {before} | {fmt([r['val_loss'] for r in rs])} | {fmt(gaps)} | {len(rs)} |")
+        lines.append(f"| {v} | {rs[0]['iters']} | {before} | {fmt([r['val_loss'] for r in rs])} | "
+                     f"{fmt(gaps)} | {len(rs)} |")
     return lines
 
 
@@ -275,16 +299,18 @@ def cmd_report(cfg):
     write_json(os.path.join(cfg["root"], "results.json"), {"teacher": teacher, "runs": rows, "comparisons": comps,
                                                             "settings": {k: cfg[k] for k in sorted(cfg)}})
     lines = ["# The conversion comparison: VHA warm-up vs GQA uptraining from a GQA 8Q/8KV teacher", "",
-             f"Teacher: config/vha_small.py + config/ablations/gqa_4x_cache.py, {cfg['teacher_iters']} iterations, seed "
-             f"{cfg['teacher_seed']}" + (f", val loss {teacher['val_loss']:.4f}" if teacher else "") + ". "
-             f"Converted to VHA 4 physical -> 8 virtual / 2 KV heads and to GQA 8Q/2KV (mean-pooled), then warmed up for "
-             f"{cfg['warm_iters']} iterations ({cfg['freeze_iters']} frozen: attention only; the `_long` ones {cfg['long_warm_iters']}, "
-             f"{cfg['long_freeze_iters']} frozen), lr {cfg['uptrain_lr']:.3g} "
+             f"Teacher: config/vha_small.py + config/ablations/gqa_4x_cache.py, {cfg['teacher_iters']} iterations, "
+             f"seed {cfg['teacher_seed']}" + (f", val loss {teacher['val_loss']:.4f}" if teacher else "") + ". "
+             f"Converted to VHA 4 physical -> 8 virtual / 2 KV heads and to GQA 8Q/2KV (mean-pooled), then warmed up "
+             f"for {cfg['warm_iters']} iterations ({cfg['freeze_iters']} frozen: attention only; the `_long` ones "
+             f"{cfg['long_warm_iters']}, {cfg['long_freeze_iters']} frozen), lr {cfg['uptrain_lr']:.3g} "
              f"(chosen for GQA uptraining, not tuned on VHA), with (`_kd`: alpha {cfg['distill_alpha']}, T "
-             f"{cfg['distill_temperature']}) and without distillation. Scratch baselines: the demo's schedule scaled to "
-             f"the budget. A seed fixes the batches and the eval batches, so every variant of a seed saw the same ones."]
+             f"{cfg['distill_temperature']}) and without distillation. Scratch baselines: the demo's schedule scaled "
+             f"to the budget. A seed fixes the batches and the eval batches, so every variant of a seed saw "
+             "the same ones."]
     if cfg["size"] != "full":
-        lines += ["", f"**Reduced comparison (--{cfg['size']}): a check of the pipeline, too small to conclude anything.**"]
+        lines += ["", f"**Reduced comparison (--{cfg['size']}): a check of the pipeline, too small to conclude "
+                      "anything.**"]
     lines += ["", "## Val loss per variant (mean ± SD over seeds)", ""] + variant_lines(R, cfg)
     lines += ["", "## Paired differences (Δ = first - second, per seed; mean ± SE)", "",
               "| comparison | first | second | metric | Δ (mean ± SE, |t|, n) | verdict |", "|---|---|---|---|---|---|"]
@@ -297,9 +323,10 @@ def cmd_report(cfg):
     fold_log = os.path.join(cfg["root"], "deployed", "fold.out")
     if os.path.exists(fold_log):
         with open(fold_log) as f:
-            proof = [line.rstrip() for line in f if line.startswith(("folded", "    ->", "proof on", "  float", "exported", "transformers check"))]
-        lines += ["", f"## The deployed model: vha_warm_kd seed {cfg['seed']}, folded and exported (deployed/fold.out)", "",
-                  "```", *proof, "```"]
+            proof = [line.rstrip() for line in f
+                     if line.startswith(("folded", "    ->", "proof on", "  float", "exported", "transformers check"))]
+        lines += ["", f"## The deployed model: vha_warm_kd seed {cfg['seed']}, folded and exported (deployed/fold.out)",
+                  "", "```", *proof, "```"]
     path = os.path.join(cfg["root"], "report.md")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -1,7 +1,9 @@
 # The paper's 1.7B baseline, GQA-8: Qwen3-style, 16 query heads, 8 KV heads of dim 128.
 # KV cache: 2 (K and V) x 8 heads x 128 dims = 2048 values = 4 KB per layer per token in bf16 (112 KB for 28 layers).
-# For the cost table: python bench.py --costs=True. The paper used the Qwen3 tokenizer (vocab 151936,
-# which bench.py assumes); train.py takes the vocab from --dataset. Training it needs GPUs.
+# The base of the 1.7B set: every other paper_1p7b_*.py is a diff applied after it, as config/ablations/ are after
+# vha_small.py (python train.py config/paper_1p7b_gqa8.py config/paper_1p7b_vha.py). The cost table:
+# python bench.py --costs=True. The paper used the Qwen3 tokenizer (vocab 151936, which bench.py assumes); train.py
+# takes the vocab from --dataset. Training it needs GPUs.
 n_layer = 28
 n_embd = 2048
 n_head = 16

@@ -1,21 +1,6 @@
-# The paper's 1.7B VHA: 8 physical query projections -> 16 virtual heads (premix), 2 KV heads of
-# dim 128, postmix rank 4; folds into paper_1p7b_gqa2.py's shape. KV cache: 1 KB per layer per token in bf16.
-# For the cost table: python bench.py --costs=True. The paper used the Qwen3 tokenizer (vocab 151936,
-# which bench.py assumes); train.py takes the vocab from --dataset. Training it needs GPUs.
-n_layer = 28
-n_embd = 2048
-n_head = 16
-n_kv_head = 2
-head_dim = 128
-mlp_hidden = 6144
-rope_theta = 1e6
+# The paper's 1.7B VHA, a diff on the GQA-8 base: 8 physical query projections -> 16 virtual heads (premix), 2 KV
+# heads of dim 128, postmix rank 4; folds into paper_1p7b_gqa2.py's shape. KV cache: 1 KB per layer per token in bf16.
+# python train.py config/paper_1p7b_gqa8.py config/paper_1p7b_vha.py
 attn = "vha"
+n_kv_head = 2
 vha_postmix_rank = 4
-block_size = 4096
-# the paper's optimizer: AdamW (0.9, 0.95), weight decay 0.1, clip 1.0, cosine schedule with warmup
-beta1 = 0.9
-beta2 = 0.95
-weight_decay = 0.1
-grad_clip = 1.0
-batch_size = 1  # x 16 accumulation steps = 16 x 4,096 tokens: fits one 80 GB GPU (arithmetic in paper_1p7b_gqa8.py)
-gradient_accumulation_steps = 16

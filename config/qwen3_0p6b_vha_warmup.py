@@ -7,11 +7,12 @@
 # once, before training (train.py refuses, in one line and before any download, to prepare data_dir with
 # data/fineweb_edu's default GPT-2 tokenizer):
 #
-# python data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer=Qwen3-0.6B --num_tokens=600000000 --out_dir=data/fineweb_edu_qwen3
-# python convert.py --src=Qwen3-0.6B --out_dir=out-qwen3-vha --n_kv_head=2        # the student (its shape comes from it)
-# python train.py config/qwen3_0p6b_vha_warmup.py                                 # the teacher: the Hugging Face folder
+# python data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer=Qwen3-0.6B --num_tokens=600000000
+#     --out_dir=data/fineweb_edu_qwen3
+# python convert.py --src=Qwen3-0.6B --out_dir=out-qwen3-vha --n_kv_head=2   # the student (its shape comes from it)
+# python train.py config/qwen3_0p6b_vha_warmup.py                          # the teacher: the Hugging Face folder
 #
-# Budget (the same in config/qwen3_0p6b_gqa2_uptrain.py, the matched baseline):
+# Budget (config/qwen3_0p6b_gqa2_uptrain.py, the matched baseline, is a diff applied after this file: the same):
 #   tokens/iter = 4 rows x 2048 tokens x 16 accumulation steps = 131,072
 #   4,000 iterations x 131,072 = 524,288,000 tokens (~0.5B: a short warm-up, not GQA uptraining's ~5% of pretraining)
 #   freeze: 500 iterations x 131,072 = 65,536,000 tokens train only qkv_proj, o_proj, premix and postmix (phase 0)

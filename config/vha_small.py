@@ -3,7 +3,8 @@
 # postmix rank 2. After `python fold.py` it is a plain 8Q/2KV GQA model.
 # KV cache: 4 layers x 2 (K and V) x 2 heads x 16 dims = 256 values = 512 B/token in bf16 (1 KB in fp32).
 # Budget: 16 rows x 256 tokens = 4,096 tokens/iter x 1,200 iterations = 4.9M tokens (1.08 passes over the
-# 4.55M training characters). 2-core CPU: about 7 min in fp32 (what auto picks on AVX2), 5.5 min in native bf16; README has the curve.
+# 4.55M training characters). 2-core CPU: about 7 min in fp32 (what auto picks on AVX2), 5.5 min in native bf16;
+# README has the curve.
 out_dir = "out-vha-small"
 dataset = "shakespeare_char"
 

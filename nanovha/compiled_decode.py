@@ -17,8 +17,11 @@ import json
 import os
 import tempfile
 import time
+import warnings
 
 import torch
+
+from nanovha.hardware import cpu_kind
 
 
 class DecodeStep(torch.nn.Module):
@@ -39,39 +42,46 @@ def caches_of(model):
     return [t for block in model.blocks for t in (block.attn.kv_cache.k, block.attn.kv_cache.v)]
 
 
-def package_key(model, batch_size):
-    """sha256 (hex, 16 characters) of what a package depends on: the weights, the config, the batch size, torch,
-    the CPU as torch sees it, and the thread count (the GEMM template splits the work by it)."""
-    from nanovha.hardware import cpu_kind
+def package_key(model, batch_size, autotune=True):
+    """sha256 (hex, 16 characters) of what a package depends on: the weights, the config, the batch size, how it was
+    compiled, torch, the CPU as torch sees it, and the thread count (the GEMM template splits the work by it). The
+    weights' memory order (GPT.use_decode_layout) is part of it: the package bakes them in as they are laid out."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
-        h.update(str((t.dtype, tuple(t.shape))).encode())
+        h.update(str((t.dtype, tuple(t.shape), t.stride())).encode())
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    env = [repr(model.cfg), batch_size, torch.__version__, cpu_kind(), torch.get_num_threads()]
+    env = [repr(model.cfg), batch_size, autotune, torch.__version__, cpu_kind(), torch.get_num_threads()]
     h.update(json.dumps(env, default=str).encode())
     return h.hexdigest()[:16]
 
 
 def build(model, path, batch_size=1, autotune=True):
     """Exports the decode step and compiles it into the AOTInductor package at path (written whole, then renamed)."""
-    cache_before = [getattr(b.attn, "kv_cache") for b in model.blocks]
-    model.setup_cache(batch_size, 64)  # example inputs: their length is dynamic, these 64 positions fix nothing
+    caches_before = [block.attn.kv_cache for block in model.blocks]
+    model.setup_cache(batch_size, 64)  # the slots functional_call fills; the length is dynamic, 64 fixes nothing
     example = [c.clone() for c in caches_of(model)]  # inputs distinct from the model's own buffers (no aliasing)
-    for block, cache in zip(model.blocks, cache_before):
-        block.attn.kv_cache = cache
     length = torch.export.Dim("cache_len", min=2, max=1 << 24)
     token = torch.zeros(batch_size, 1, dtype=torch.long, device=example[0].device)
     pos = torch.tensor([3], device=token.device)
-    with torch.no_grad():
-        program = torch.export.export(DecodeStep(model).eval(), (token, pos, example),
-                                      dynamic_shapes=(None, None, [{2: length}] * len(example)))
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree deprecation notes
+            program = torch.export.export(DecodeStep(model).eval(), (token, pos, example),
+                                          dynamic_shapes=(None, None, [{2: length}] * len(example)))
+    finally:
+        for block, cache in zip(model.blocks, caches_before):
+            block.attn.kv_cache = cache
     folder = os.path.dirname(path) or "."
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".pt2.tmp")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=".pt2")
     os.close(fd)
     try:
-        torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs={"max_autotune": autotune})
+        quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # no tables printed
+        configs = {"max_autotune": autotune, **quiet}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -90,11 +100,14 @@ class CompiledDecode:
         return self.runner(token, pos, caches_of(self.model))
 
 
-def compiled_decode(model, folder, batch_size=1, autotune=True):
-    """The model's compiled decode step from folder/decode-<key>.pt2, built there first if it is not cached."""
-    path = os.path.join(folder, f"decode-{package_key(model, batch_size)}.pt2")
+def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True):
+    """The model's compiled decode step from folder/decode-<key>.pt2, built there first if it is not cached (None
+    when it is not and build_it is False)."""
+    path = os.path.join(folder, f"decode-{package_key(model, batch_size, autotune)}.pt2")
     t0 = time.perf_counter()
     built = not os.path.exists(path)
+    if built and not build_it:
+        return None
     if built:
         build(model, path, batch_size, autotune)
     step = CompiledDecode(model, path, 0.0, built)

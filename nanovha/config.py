@@ -54,7 +54,8 @@ def _parse_value(text):
 
 def flat_defaults(namespace):
     """A script's settings: its module-level ints, floats, bools, strings and Nones (names not starting with _)."""
-    return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
+    return {k: v for k, v in namespace.items()
+            if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
 
 
 def settings(defaults, argv, optional=None):

@@ -28,7 +28,8 @@ def frozen_params(model):
 
 
 def set_frozen(params, frozen):
-    """requires_grad off (frozen) or on: a frozen weight gets no gradient, so its weight-gradient matmuls are skipped."""
+    """requires_grad off (frozen) or on: a frozen weight gets no gradient, so its weight-gradient matmuls are
+    skipped."""
     for p in params:
         p.requires_grad_(not frozen)
 

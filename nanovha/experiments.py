@@ -31,7 +31,8 @@ def parse_command(argv, commands, defaults, sizes):
     argv = list(argv)
     command = argv.pop(0) if argv and not argv[0].startswith("--") else commands[0]
     if command not in commands:
-        sys.exit(f"error: unknown command {command!r}: use {', '.join(commands[:-1])} or {commands[-1]} ({commands[0]} is the default)")
+        sys.exit(f"error: unknown command {command!r}: use {', '.join(commands[:-1])} or {commands[-1]} "
+                 f"({commands[0]} is the default)")
     size, rest = "full", []
     for a in argv:
         if a in ("--smoke", "--quick", "--full") or a.startswith("--size="):
@@ -69,8 +70,8 @@ def write_json(path, obj):
 def same_run(a, b):
     """Two train.py argvs that train the same run, wherever its results folder lives: --out_dir and --data_dir
     are compared by their last names, so a results root that was moved or copied keeps its finished runs."""
-    where = lambda args: [x.split("=", 1)[0] + "=" + os.path.basename(x) if x.startswith(("--out_dir=", "--data_dir=")) else x
-                          for x in args]
+    where = lambda args: [x.split("=", 1)[0] + "=" + os.path.basename(x)
+                          if x.startswith(("--out_dir=", "--data_dir=")) else x for x in args]
     return where(a) == where(b)
 
 
@@ -134,7 +135,8 @@ def run_all(cfg, jobs, one, label):
 
 
 def load_results(root, pattern, keep):
-    return [r for r in map(read_json, sorted(glob.glob(os.path.join(root, "runs", *pattern, "result.json")))) if keep(r)]
+    return [r for r in map(read_json, sorted(glob.glob(os.path.join(root, "runs", *pattern, "result.json"))))
+            if keep(r)]
 
 
 # ---- statistics: paired over shared seeds ----
@@ -148,7 +150,8 @@ def paired(a, b):
         return n, float(d.mean()) if n else math.nan, math.nan, math.nan, False
     mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(n))
     if se == 0:  # every seed gave the same difference: no spread to test against, so an exact sign test decides
-        return n, mean, se, (math.inf if mean else 0.0), mean != 0 and 2 * 0.5 ** n < 0.05  # all n same sign: needs n >= 6
+        # all n same sign: needs n >= 6
+        return n, mean, se, (math.inf if mean else 0.0), mean != 0 and 2 * 0.5 ** n < 0.05
     t = abs(mean) / se
     return n, mean, se, t, t > T_CRIT[min(n - 1, len(T_CRIT)) - 1]
 

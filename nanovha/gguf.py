@@ -16,8 +16,9 @@ from nanovha.qwen3 import qwen3_problem, qwen3_state, renamed, tokenizer_kind
 # our names -> llama.cpp's qwen3 tensors
 GGUF_TOP = {"embed.weight": "token_embd.weight", "norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
 GGUF_LAYER = {"attn_norm": "attn_norm", "mlp_norm": "ffn_norm", "attn.q_proj": "attn_q", "attn.k_proj": "attn_k",
-              "attn.v_proj": "attn_v", "attn.o_proj": "attn_output", "attn.q_norm": "attn_q_norm", "attn.k_norm": "attn_k_norm",
-              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+              "attn.v_proj": "attn_v", "attn.o_proj": "attn_output", "attn.q_norm": "attn_q_norm",
+              "attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down"}
 GGUF_DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -28,7 +29,8 @@ def gguf_name(name):
 
 def bytes_to_unicode():
     """GPT-2's byte -> printable character map: byte-level BPE vocabularies spell every token with these."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+            + list(range(ord("®"), ord("ÿ") + 1)))
     extra = [b for b in range(256) if b not in keep]
     return dict(zip(keep + extra, map(chr, keep + [256 + i for i in range(len(extra))])))
 
@@ -76,10 +78,11 @@ def char_vocab(meta):
         raise ValueError("--export_gguf: the char vocab's ids are not 0..n-1; re-prepare the dataset")
     bad = [ch for ch in itos.values() if len(ch) != 1 or not utf8(ch)]
     if bad:
-        raise ValueError(f"--export_gguf: the char vocab holds {', '.join(map(repr, bad[:5]))}, which llama.cpp cannot "
-                         f"read as one character each (UTF-8 text, one character per token); re-prepare the dataset without them")
-    return dict(model="rwkv", pre=None, tokens=[rwkv_spelling(itos[i]) for i in range(len(itos))], types=[1] * len(itos),
-                merges=None, bos=None, eos=None)
+        raise ValueError(
+            f"--export_gguf: the char vocab holds {', '.join(map(repr, bad[:5]))}, which llama.cpp cannot "
+            f"read as one character each (UTF-8 text, one character per token); re-prepare the dataset without them")
+    return dict(model="rwkv", pre=None, tokens=[rwkv_spelling(itos[i]) for i in range(len(itos))],
+                types=[1] * len(itos), merges=None, bos=None, eos=None)
 
 
 def id_vocab(vocab_size):

@@ -3,7 +3,8 @@ What this machine can do, in one place: the precision a run should use, a GPU's 
 the benchmarks time it (medians of interleaved calls).
 
     dtype, why = choose_dtype("cpu", "auto", step)   # step(dtype) runs one training step of the run's model
-    # why: "float32: 0.338 s/step vs bfloat16 0.512 s/step on this CPU (Intel Xeon ..., AVX512, AVX512_BF16, AMX)"
+    # why: "float32: 0.338 s/step vs bfloat16 0.512 s/step on this CPU
+           (Intel Xeon ..., AVX512, AVX512_BF16, AMX)"
     peak_flops, hbm = gpu_spec("NVIDIA H100 80GB HBM3")   # (989e12, 3.35e12); (None, None) if unknown
 
 On a CPU, "auto" times the candidates on the run's own model and keeps the faster: whether bf16 autocast pays
@@ -31,18 +32,23 @@ def cpu_bf16_support():
 
 
 def cpu_kind():
-    """The CPU as lscpu names it, with what torch runs on it: 'AMD EPYC 7B13 (AVX2)',
-    'Intel(R) Xeon(R) Platinum 8481C (AVX512, AVX512_BF16, AMX)'. Printed beside every CPU figure."""
-    name = platform.processor() or platform.machine()
+    """The CPU as lscpu names it, with its family and model (a bare 'AMD EPYC' is family 25 on Zen 3, 26 on Zen 5) and
+    what torch runs on it: 'AMD EPYC (family 25, model 1; AVX2)', 'Intel(R) Xeon(R) Platinum 8481C (family 6, model
+    143; AVX512, AVX512_BF16, AMX)'. Printed beside every CPU figure."""
+    info = {}
     try:
         with open("/proc/cpuinfo") as f:
-            name = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), name)
+            for line in f:
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    name = info.get("model name") or platform.processor() or platform.machine()
+    family = f"family {info['cpu family']}, model {info['model']}; " if "cpu family" in info and "model" in info else ""
     features = [torch.backends.cpu.get_cpu_capability()]
     features += ["AVX512_BF16"] if torch.cpu._is_avx512_bf16_supported() else []
     features += ["AMX"] if torch.cpu._is_amx_tile_supported() else []
-    return f"{name} ({', '.join(features)})"
+    return f"{name} ({family}{', '.join(features)})"
 
 
 def choose_dtype(device_type, dtype, step=None, clock=time.perf_counter):
@@ -67,7 +73,8 @@ def choose_dtype(device_type, dtype, step=None, clock=time.perf_counter):
             return fastest_dtype(step, clock)
         if dtype in ("bfloat16", "float16") and not native:
             return dtype, (f"warning: {dtype} was asked for, but this CPU has no native bf16 ({isa}): it is emulated, "
-                           f"about 11x slower than float32; drop --dtype (auto picks float32 here) or pass --dtype=float32")
+                           f"about 11x slower than float32; drop --dtype (auto picks float32 here) "
+                           "or pass --dtype=float32")
         return dtype, f"{dtype}: asked for"
     return ("float32", f"float32 on {device_type}") if dtype == "auto" else (dtype, f"{dtype}: asked for")
 
@@ -79,8 +86,8 @@ def fastest_dtype(step, clock=time.perf_counter, timed_steps=3):
     first = {d: timed(fn, clock=clock) for d, fn in fns.items()}  # warm-up: allocations, kernel selection
     seconds = interleaved(fns, timed_steps if max(first.values()) < 2 else 1, warmup=0, clock=clock)
     best, other = sorted(seconds, key=seconds.get)
-    return best, (f"{best}: {seconds[best]:.3f} s/step vs {other} {seconds[other]:.3f} s/step on this CPU ({cpu_kind()}), "
-                  f"timed on this run's model")
+    return best, (f"{best}: {seconds[best]:.3f} s/step vs {other} {seconds[other]:.3f} s/step on this CPU "
+                  f"({cpu_kind()}), timed on this run's model")
 
 
 def training_step(model, x, y):
@@ -97,8 +104,39 @@ def training_step(model, x, y):
     return step
 
 
+def choose_decode_dtype(device_type, dtype, model):
+    """The weights' and KV cache's dtype for generation -> (dtype, one line saying why). "auto": on CUDA bf16 where
+    the GPU has it (else float32); on a CPU the faster of float32 and bf16 weights (bf16 only where native) over a
+    few eager decode steps of the model (decode_probe); float32 elsewhere."""
+    if dtype != "auto":
+        return dtype, f"{dtype}: asked for"
+    if device_type == "cuda":
+        bf16 = torch.cuda.is_bf16_supported()
+        return ("bfloat16", "bfloat16: this GPU has bf16") if bf16 else ("float32", "float32: this GPU has no bf16")
+    return choose_dtype(device_type, "auto", decode_probe(model) if device_type == "cpu" else None)
+
+
+def decode_probe(model, context=256):
+    """-> step(dtype): one eager decode step, at position context + k for the k-th call, of a copy of `model` with its
+    weights and KV cache in that dtype, for choose_dtype (bf16 weights halve the bytes a step reads, but may run
+    slower). The model and every random stream are left as they were."""
+    copies = {}
+
+    def step(dtype):
+        if dtype not in copies:
+            probe = copy.deepcopy(model).to(getattr(torch, dtype)).eval()
+            probe.setup_cache(1, context + 16)
+            copies[dtype] = (probe, iter(range(context, context + 16)))
+        probe, positions = copies[dtype]
+        token = torch.zeros(1, 1, dtype=torch.long, device=probe.embed.weight.device)
+        with torch.random.fork_rng(devices=[]), torch.inference_mode():
+            probe.decode_one_token(token, next(positions))
+    return step
+
+
 def autocast_for(device_type, dtype):
-    """The autocast context of a run in `dtype`: bf16/fp16 autocast, none for float32/float64 (weights in that dtype)."""
+    """The autocast context of a run in `dtype`: bf16/fp16 autocast, none for float32/float64 (weights in that
+    dtype)."""
     return torch.autocast(device_type, dtype=getattr(torch, dtype), enabled=dtype in ("bfloat16", "float16"))
 
 
@@ -110,7 +148,8 @@ def autocast_for(device_type, dtype):
 GPU_SPECS = {
     "NVIDIA H200": (989e12, 4.8e12), "NVIDIA H200 NVL": (835e12, 4.8e12),
     "NVIDIA GH200 480GB": (989e12, 4.0e12),
-    "NVIDIA H100 80GB HBM3": (989e12, 3.35e12), "NVIDIA H100 PCIe": (756e12, 2.0e12), "NVIDIA H100 NVL": (835e12, 3.9e12),
+    "NVIDIA H100 80GB HBM3": (989e12, 3.35e12), "NVIDIA H100 PCIe": (756e12, 2.0e12),
+    "NVIDIA H100 NVL": (835e12, 3.9e12),
     "NVIDIA A100-SXM4-80GB": (312e12, 2.039e12), "NVIDIA A100-SXM4-40GB": (312e12, 1.555e12),
     "NVIDIA A100 80GB PCIe": (312e12, 1.935e12), "NVIDIA A100-PCIE-40GB": (312e12, 1.555e12),
     "NVIDIA L40S": (362e12, 0.864e12), "NVIDIA L40": (181e12, 0.864e12), "NVIDIA L4": (121e12, 0.3e12),
@@ -135,7 +174,8 @@ def compile_counters():
     """What torch.compile did so far in this process: graphs compiled (training and eval: 2; more at every eval means
     recompiles) and graph breaks."""
     from torch._dynamo.utils import counters
-    return {"compiled_graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
+    return {"compiled_graphs": counters["stats"]["unique_graphs"],
+            "graph_breaks": sum(counters["graph_break"].values())}
 
 
 def synchronize(device_type):
@@ -165,9 +205,26 @@ def interleaved(fns, n_timed, warmup, device_type="cpu", clock=time.perf_counter
     return {name: statistics.median(ts[warmup:]) for name, ts in times.items()}
 
 
+def copy_bandwidth(device, mib=1024):
+    """Bytes/s of a large tensor copy, read + write counted (device to device on a GPU): the peak a decode step that
+    streams its weights and KV cache can reach."""
+    src = torch.full((mib * 2**20 // 4,), 1.0, device=device)
+    dst = torch.empty_like(src)
+    device_type = src.device.type
+    seconds = statistics.median([timed(lambda: dst.copy_(src), device_type) for _ in range(6)][1:])  # 1st: warm-up
+    return 2 * mib * 2**20 / seconds
+
+
+def matmul_peak(device, dtype, n=1024):
+    """FLOP/s of an n^3 matmul in dtype: a compute ceiling to set a kernel's FLOP/s against."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    return 2 * n**3 / statistics.median([timed(lambda: a @ a, a.device.type) for _ in range(6)][1:])
+
+
 def print_table(rows, columns):
     """columns: (header, key, format); right-aligned, one line per row, '-' where a row has no value."""
-    cells = [[h for h, _, _ in columns]] + [[fmt.format(r[k]) if r.get(k) is not None else "-" for _, k, fmt in columns] for r in rows]
+    cells = [[h for h, _, _ in columns]] + [[fmt.format(r[k]) if r.get(k) is not None else "-" for _, k, fmt in columns]
+                                            for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     for row in cells:
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))

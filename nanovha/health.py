@@ -3,7 +3,8 @@ VHA health signals: is premix or postmix learning anything? Cheap (no grad, floa
 eval and shown per layer by fold.py's analysis. For one layer with premix P (H_kv, d, d) and postmix M = I + V U^T:
 
     premix_dev            ||P_g - I||_F per group g (0 at the identity)
-    premix_group_div      mean_{g != g'} ||P_g - P_g'||^2 / mean_g ||P_g - I||^2   (0 = groups identical, ~2 = independent)
+    premix_group_div      mean_{g != g'} ||P_g - P_g'||^2 / mean_g ||P_g - I||^2
+                          (0 = groups identical, ~2 = independent)
     postmix_sigma_max     sigma_max(V U^T)   (largest stretch of the correction)
     postmix_offdiag_share ||offdiag(M)||_F^2 / ||M||_F^2   (how much the heads are mixed)
     postmix_rel_delta     ||a' - a|| / ||a|| per token on a batch (0 at init: V = 0)
@@ -22,7 +23,8 @@ def layer_health(attn):
         out["premix_dev"] = E.norm(dim=1)
         if c.n_kv_head > 1:
             pair = (E[:, None] - E[None]).pow(2).sum(-1)  # (H_kv, H_kv): ||P_g - P_g'||^2, zero diagonal
-            out["premix_group_div"] = pair.sum() / (c.n_kv_head * (c.n_kv_head - 1)) / E.pow(2).sum(1).mean().clamp_min(1e-30)
+            out["premix_group_div"] = (pair.sum() / (c.n_kv_head * (c.n_kv_head - 1))
+                                       / E.pow(2).sum(1).mean().clamp_min(1e-30))
     if c.has_postmix:
         M = attn.postmix_matrix().double()
         eye = torch.eye(M.size(0), dtype=M.dtype, device=M.device)

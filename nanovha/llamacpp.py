@@ -44,8 +44,9 @@ class LlamaCpp:
         import llama_cpp
         self.lib, self.threads = llama_cpp, threads or torch.get_num_threads()
         dtype = str(model.embed.weight.dtype).replace("torch.", "")
+        # 30: ggml.h's enum (0.3.36 names no BF16)
         self.kv_type = {"float32": llama_cpp.GGML_TYPE_F32, "float16": llama_cpp.GGML_TYPE_F16,
-                        "bfloat16": getattr(llama_cpp, "GGML_TYPE_BF16", 30)}[dtype]  # 30: ggml.h's enum (0.3.36 names no BF16)
+                        "bfloat16": getattr(llama_cpp, "GGML_TYPE_BF16", 30)}[dtype]
         self.folder = tempfile.mkdtemp(prefix="nanovha_gguf_")
         self.path = os.path.join(self.folder, "model.gguf")
         write_gguf(model, self.path, meta, dtype)
@@ -83,6 +84,25 @@ class LlamaCpp:
     def close(self):
         self.free()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def runners(models, metas, device_type):
+    """'<name>@llama.cpp' -> (LlamaCpp, name) for each of models (name -> one of our plain GQA models) that llama.cpp
+    can run here; metas: name -> its dataset meta (stand-in tokens without). Prints what it could not time."""
+    if models and (why := why_not(device_type)):
+        print(f"llama.cpp: not timed: {why}")
+        return {}
+    out = {}
+    for name, model in models.items():
+        try:
+            out[f"{name}@llama.cpp"] = (LlamaCpp(model, metas.get(name)), name)
+        except ValueError as e:  # a model llama.cpp's qwen3 cannot express (e.g. qk_norm=False)
+            print(f"llama.cpp: {name} not timed: {e}")
+    if out:
+        dtype = str(next(iter(models.values())).embed.weight.dtype)[6:]
+        print(f"llama.cpp: llama-cpp-python {version()}, {dtype} weights and KV cache, {torch.get_num_threads()} "
+              f"threads, the context filled by a real prefill; one llama_decode per token")
+    return out
 
 
 @torch.no_grad()

@@ -28,7 +28,8 @@ ROLL_CALL_S = 5  # a live process answers in milliseconds
 def start_ddp(device, gradient_accumulation_steps, timeout_s):
     """Joins the process group torchrun launched (nccl on GPUs, gloo on CPU); one GPU per local rank.
     Returns (rank, local_rank, world_size, device); raises ValueError for a launch that cannot work."""
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, local_rank, world_size = (int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]),
+                                    int(os.environ["WORLD_SIZE"]))
     if gradient_accumulation_steps % world_size:
         raise ValueError(f"gradient_accumulation_steps={gradient_accumulation_steps} must be a multiple of the "
                          f"{world_size} processes (it is the global number of micro-steps)")
@@ -36,7 +37,8 @@ def start_ddp(device, gradient_accumulation_steps, timeout_s):
     if cuda:
         gpus = torch.cuda.device_count()
         if local_rank >= gpus:
-            raise ValueError(f"{local_rank + 1}+ processes on this node but only {gpus} GPUs; use --nproc_per_node={gpus}")
+            raise ValueError(f"{local_rank + 1}+ processes on this node but only {gpus} GPUs; "
+                             f"use --nproc_per_node={gpus}")
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
     dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
@@ -96,7 +98,8 @@ class PeerWatch:
             sys.__excepthook__(kind, e, tb)
         elif first:
             what = ("torchrun or the job scheduler stopped the job (SIGTERM)" if gone == [] else
-                    "another process of this job died (which one is unknown: the c10d store is gone too)" if gone is None else
+                    "another process of this job died (which one is unknown: the c10d store is gone too)"
+                    if gone is None else
                     f"process rank{'s' * (len(gone) > 1)} {', '.join(map(str, gone))} of this job died (or hangs)")
             print(self.report(what, ckpt_iter, store_ok), file=sys.stderr)
         sys.stdout.flush(), sys.stderr.flush()

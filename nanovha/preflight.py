@@ -13,22 +13,26 @@ from data.recall import tasks as recall_tasks
 from model import GPTConfig
 from nanovha.checkpoint import load_checkpoint, load_start, model_from_checkpoint, start_path
 
-TOKENIZER_FIX = ("prepare the data with the model's tokenizer (a Hugging Face model: data/fineweb_edu/prepare.py --tokenizer=hf "
-                 "--hf_tokenizer=FOLDER; docs/convert.md#warm-up)")
+TOKENIZER_FIX = ("prepare the data with the model's tokenizer (a Hugging Face model: "
+                 "data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer=FOLDER; docs/convert.md#warm-up)")
 WARMUP_KEYS = ("freeze_iters", "teacher", "distill_alpha", "distill_temperature")  # kept by a resumed run
 
 
 def knob_problem(c, model_fields):
     """The first bad setting among train.py's knobs, or None. model_fields: the knobs GPTConfig takes; a scratch run's
     bad head/rank/width combination fails here, before any data is prepared."""
-    positive = ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval", "ddp_timeout")
+    positive = ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval", "eval_iters",
+                "log_interval", "ddp_timeout")
     checks = [(f"{k} must be >= 1, got {c[k]}", c[k] >= 1) for k in positive] + [
-        (f"max_iters and warmup_iters must be >= 0, got {c['max_iters']} and {c['warmup_iters']}", c["max_iters"] >= 0 and c["warmup_iters"] >= 0),
+        (f"max_iters and warmup_iters must be >= 0, got {c['max_iters']} and {c['warmup_iters']}",
+         c["max_iters"] >= 0 and c["warmup_iters"] >= 0),
         ("need learning_rate > 0, weight_decay >= 0, grad_clip >= 0 (0 = off) and 0 <= beta1, beta2 < 1",
-         c["learning_rate"] > 0 and c["weight_decay"] >= 0 and c["grad_clip"] >= 0 and 0 <= c["beta1"] < 1 and 0 <= c["beta2"] < 1),
-        (f"min_lr={c['min_lr']} must be in [0, learning_rate={c['learning_rate']}]", 0 <= c["min_lr"] <= c["learning_rate"]),
-        (f"warmup_iters={c['warmup_iters']} is past lr_decay_iters={c['lr_decay_iters']} (default: max_iters), so the learning "
-         f"rate would jump from its peak to min_lr; lower --warmup_iters or raise --lr_decay_iters",
+         c["learning_rate"] > 0 and c["weight_decay"] >= 0 and c["grad_clip"] >= 0 and 0 <= c["beta1"] < 1
+         and 0 <= c["beta2"] < 1),
+        (f"min_lr={c['min_lr']} must be in [0, learning_rate={c['learning_rate']}]",
+         0 <= c["min_lr"] <= c["learning_rate"]),
+        (f"warmup_iters={c['warmup_iters']} is past lr_decay_iters={c['lr_decay_iters']} (default: max_iters), "
+         f"so the learning rate would jump from its peak to min_lr; lower --warmup_iters or raise --lr_decay_iters",
          not c["decay_lr"] or c["eval_only"] or c["warmup_iters"] <= c["lr_decay_iters"]),
         (f"curriculum_mode must be one of {', '.join(recall_tasks.CURRICULUM_MODES)}, got {c['curriculum_mode']!r}",
          c["curriculum_mode"] in recall_tasks.CURRICULUM_MODES),
@@ -52,7 +56,8 @@ def warmup_problem(c, ckpt_path):
     if init not in ("scratch", "resume") and os.path.realpath(start_path(init)) == os.path.realpath(ckpt_path):
         return f"init_from={init} is this out_dir's own checkpoint: continuing it is --init_from=resume"
     if not 0 <= c["freeze_iters"] <= c["max_iters"]:
-        return f"freeze_iters={c['freeze_iters']} must be in [0, max_iters={c['max_iters']}]; lower it or raise --max_iters"
+        return (f"freeze_iters={c['freeze_iters']} must be in [0, max_iters={c['max_iters']}]; "
+                "lower it or raise --max_iters")
     if not 0 <= alpha <= 1:
         return f"distill_alpha={alpha} must be in [0, 1] (the weight of the teacher's KL against the hard-label loss)"
     if not c["distill_temperature"] > 0:
@@ -60,7 +65,8 @@ def warmup_problem(c, ckpt_path):
     if init == "resume":  # the teacher and alpha come from the checkpoint (kept_warmup refuses others)
         return None
     if c["teacher"] and alpha == 0:
-        return f"teacher={c['teacher']} is given but distill_alpha=0 would never use it; drop --teacher or set --distill_alpha > 0"
+        return (f"teacher={c['teacher']} is given but distill_alpha=0 would never use it; "
+                "drop --teacher or set --distill_alpha > 0")
     if alpha > 0 and not c["teacher"]:
         return f"distill_alpha={alpha} needs a teacher to distill from; set --teacher=PATH or drop --distill_alpha"
     return None
@@ -68,14 +74,17 @@ def warmup_problem(c, ckpt_path):
 
 
 def contradictions(c, defaults, kept, keys):
-    """The knobs set (not left at their default) to something else than a checkpoint keeps: 'k=v (checkpoint: w), ...'."""
-    return ", ".join(f"{k}={c[k]!r} (checkpoint: {kept[k]!r})" for k in keys if c[k] != defaults[k] and c[k] != kept[k])
+    """The knobs set (not left at their default) to something else than a checkpoint keeps:
+    'k=v (checkpoint: w), ...'."""
+    return ", ".join(f"{k}={c[k]!r} (checkpoint: {kept[k]!r})" for k in keys
+                     if c[k] != defaults[k] and c[k] != kept[k])
 
 
 def vocab_mismatch(meta, name, data_meta, data_dir, fix):
     """Why a model (checkpoint or teacher) with this meta cannot read data_dir's token ids, ending in `fix`, or None."""
     if not meta:
-        return f"{name} carries no tokenizer description (meta), so its token ids cannot be checked against {data_dir}'s; {fix}"
+        return (f"{name} carries no tokenizer description (meta), so its token ids cannot be checked against "
+                f"{data_dir}'s; {fix}")
     problem = vocab_problem(meta, name, data_meta, data_dir)
     return problem and f"{problem}; {fix}"
 
@@ -85,7 +94,8 @@ def kept_warmup(saved, c, defaults):
     refusing any set on the command line to something else, or None."""
     kept = {k: saved.get(k, defaults[k]) for k in WARMUP_KEYS}
     typed = contradictions(c, defaults, kept, WARMUP_KEYS)
-    return kept, typed and f"a resumed run keeps its checkpoint's warm-up settings, but you set {typed}; drop them or start a new --out_dir"
+    return kept, typed and (f"a resumed run keeps its checkpoint's warm-up settings, but you set {typed}; "
+                            "drop them or start a new --out_dir")
 
 
 def start_args(model_args, c, defaults):
@@ -94,7 +104,8 @@ def start_args(model_args, c, defaults):
     own = {k: c[k] for k in ("block_size", "dropout") if c[k] != defaults[k]}
     longest = model_args["block_size"]
     return {**model_args, **own}, own.get("block_size", 0) > longest and (
-        f"block_size={c['block_size']} is past the checkpoint's {longest}, the longest sequence its model takes; lower --block_size")
+        f"block_size={c['block_size']} is past the checkpoint's {longest}, the longest sequence its model takes; "
+        "lower --block_size")
 
 
 def start_checkpoint(c, defaults, model_fields, ckpt_path):
@@ -137,7 +148,8 @@ def teacher_problem(teacher, meta, name, data_meta, data_dir, seq_len, fix=TOKEN
     if problem := vocab_mismatch(meta, f"the teacher {name}", data_meta, data_dir, fix):
         return problem
     if teacher.cfg.block_size < seq_len:
-        return f"the teacher {name} takes sequences of at most {teacher.cfg.block_size} tokens, this run's are {seq_len}; lower --block_size"
+        return (f"the teacher {name} takes sequences of at most {teacher.cfg.block_size} tokens, "
+                f"this run's are {seq_len}; lower --block_size")
     return None
 
 
@@ -146,8 +158,8 @@ def resume_problem(ckpt, path):
     or None. The message starts with the path: "cannot resume " + it reads as one line."""
     missing = [k for k in ("optimizer", "iter_num", "best_val_loss", "meta") if k not in ckpt]
     if missing:
-        return (f"{path}: it has no {', '.join(missing)}: it is a model-only checkpoint (e.g. folded), not one train.py "
-                f"wrote; start a new run with --init_from=scratch in another --out_dir")
+        return (f"{path}: it has no {', '.join(missing)}: it is a model-only checkpoint (e.g. folded), "
+                f"not one train.py wrote; start a new run with --init_from=scratch in another --out_dir")
     return None
 
 
@@ -161,16 +173,19 @@ def vocab_problem(meta_a, name_a, meta_b, name_b):
     a, b = [(m.get("tokenizer"), m["vocab_size"], m.get("stoi") or m.get("rows")) for m in (meta_a, meta_b)]
     if a == b:
         return None
-    other = ("other characters" if a[0] == "char" else "another recall task spec") if a[:2] == b[:2] else f"the {b[0]} tokenizer ({b[1]} tokens)"
+    other = (("other characters" if a[0] == "char" else "another recall task spec") if a[:2] == b[:2]
+             else f"the {b[0]} tokenizer ({b[1]} tokens)")
     return f"vocab mismatch: {name_a} was trained with the {a[0]} tokenizer ({a[1]} tokens) but {name_b} has {other}"
 
 
 def hf_vocab_problem(meta_a, name_a, meta_b, name_b):
     """vocab_problem for two Hugging Face tokenizer metas."""
-    (sha_a, va), (sha_b, vb) = [(hf_tokenizer_sha256(m.get("hf_tokenizer_files")), m["vocab_size"]) for m in (meta_a, meta_b)]
+    (sha_a, va), (sha_b, vb) = [(hf_tokenizer_sha256(m.get("hf_tokenizer_files")), m["vocab_size"])
+                                for m in (meta_a, meta_b)]
     if sha_a is None or sha_b is None:
-        return (f"vocab mismatch: {name_a if sha_a is None else name_b} carries no Hugging Face tokenizer files (its folder had "
-                f"no tokenizer.json), so its ids cannot be checked; copy the tokenizer files into the folder and import it again")
+        return (f"vocab mismatch: {name_a if sha_a is None else name_b} carries no Hugging Face tokenizer files "
+                f"(its folder had no tokenizer.json), so its ids cannot be checked; copy the tokenizer files into the "
+                "folder and import it again")
     if sha_a != sha_b:
         return (f"vocab mismatch: {name_a} was trained with another Hugging Face tokenizer than {name_b}'s (tokenizer "
                 f"sha256 {sha_a[:12]} vs {sha_b[:12]}, {va} vs {vb} tokens)")

@@ -1,9 +1,9 @@
 """
 Our model as a Hugging Face Qwen3ForCausalLM, both ways, and the outputs any Qwen3 runtime must reproduce:
 
-    model, meta = model_from_hf(folder)        # a Qwen3 folder (config.json + safetensors) -> GPT, tokenizer meta
-    write_hf(model, folder, meta, source)      # a plain GQA model (folded VHA) -> a folder transformers and lm-eval load
-    hf_compare(folder, model, meta, ...)       # transformers running that folder against our logits and greedy text
+    model, meta = model_from_hf(folder)       # a Qwen3 folder (config.json + safetensors) -> GPT, tokenizer meta
+    write_hf(model, folder, meta, source)     # a plain GQA model (folded VHA) -> a folder transformers and lm-eval load
+    hf_compare(folder, model, meta, ...)      # transformers running that folder against our logits and greedy text
 
 Qwen3's layout: q/k/v and gate/up as separate matrices (split_projections), RMSNorm, QK-norm, rotate-half RoPE,
 SwiGLU; our padded vocab rows stay behind. The tokenizer travels with the weights, built offline from the meta.
@@ -18,7 +18,8 @@ from model import GPTConfig
 from nanovha.checkpoint import VOCAB_ROWS, fuse_projections, model_from_state, pad_vocab, split_projections
 
 # our parameter names <-> Qwen3ForCausalLM's
-HF_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight", "lm_head.weight": "lm_head.weight"}
+HF_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+          "lm_head.weight": "lm_head.weight"}
 HF_LAYER = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
             "attn.q_proj": "self_attn.q_proj", "attn.k_proj": "self_attn.k_proj", "attn.v_proj": "self_attn.v_proj",
             "attn.o_proj": "self_attn.o_proj", "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm",
@@ -42,9 +43,10 @@ def hf_name(name):
 
 
 # Qwen3Config's defaults (transformers 5.x), for fields a config.json leaves out
-QWEN3_DEFAULTS = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
-                      num_attention_heads=32, head_dim=128, hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6,
-                      tie_word_embeddings=False, attention_bias=False, use_sliding_window=False, sliding_window=4096,
+QWEN3_DEFAULTS = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=22016,
+                      num_hidden_layers=32, num_attention_heads=32, head_dim=128, hidden_act="silu",
+                      max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                      attention_bias=False, use_sliding_window=False, sliding_window=4096,
                       max_window_layers=28, attention_dropout=0.0)
 
 
@@ -65,27 +67,34 @@ def qwen3_model_args(hf):
     rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
     n_layer = c["num_hidden_layers"]
     windowed = c["use_sliding_window"] and c["sliding_window"] is not None  # Qwen3Config.__post_init__'s rule
-    layer_types = c.get("layer_types") or ["sliding_attention" if windowed and i >= c["max_window_layers"] else "full_attention"
-                                           for i in range(n_layer)]
+    layer_types = c.get("layer_types") or ["sliding_attention" if windowed and i >= c["max_window_layers"]
+                                           else "full_attention" for i in range(n_layer)]
     refused = [  # (field, ok, why): each a one-line error naming the field and what to do
-        ("model_type", c["model_type"] == "qwen3", f"is {c['model_type']!r}: only Qwen3ForCausalLM folders import (model_type 'qwen3')"),
+        ("model_type", c["model_type"] == "qwen3",
+         f"is {c['model_type']!r}: only Qwen3ForCausalLM folders import (model_type 'qwen3')"),
         ("attention_bias", not c["attention_bias"], "=True: q/k/v/o have biases, this repo's projections have none"),
         ("hidden_act", c["hidden_act"] == "silu", f"={c['hidden_act']!r}: the MLP here is SwiGLU with silu only"),
-        ("rope_scaling", rope_type == "default", f"rope_type={rope_type!r}: only plain RoPE is implemented here; drop the scaling "
-                                                 "(the model then runs at its pretraining context)"),
-        ("partial_rotary_factor", {**scaling, **rope}.get("partial_rotary_factor", 1.0) == 1.0, "!= 1: RoPE here rotates the whole head_dim"),
-        ("layer_types", all(t == "full_attention" for t in layer_types), "has sliding-window layers (use_sliding_window / "
-                                                                          "max_window_layers): every layer here attends to the whole context"),
-        ("attention_dropout", c["attention_dropout"] == 0, "!= 0: dropout here is one rate for attention and residuals; set it to 0.0"),
+        ("rope_scaling", rope_type == "default",
+         f"rope_type={rope_type!r}: only plain RoPE is implemented here; drop the scaling "
+         "(the model then runs at its pretraining context)"),
+        ("partial_rotary_factor", {**scaling, **rope}.get("partial_rotary_factor", 1.0) == 1.0,
+         "!= 1: RoPE here rotates the whole head_dim"),
+        ("layer_types", all(t == "full_attention" for t in layer_types),
+         "has sliding-window layers (use_sliding_window / "
+         "max_window_layers): every layer here attends to the whole context"),
+        ("attention_dropout", c["attention_dropout"] == 0,
+         "!= 0: dropout here is one rate for attention and residuals; set it to 0.0"),
     ]
     for field, ok, why in refused:
         if not ok:
             raise ValueError(f"config.json {field} {why}")
     heads = c["num_attention_heads"]
-    return dict(vocab_size=c["vocab_size"], block_size=c["max_position_embeddings"], n_layer=n_layer, n_embd=c["hidden_size"],
-                n_head=heads, n_kv_head=c.get("num_key_value_heads") or heads, head_dim=c["head_dim"],
-                mlp_hidden=c["intermediate_size"], rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
-                qk_norm=True, tie_embeddings=bool(c["tie_word_embeddings"]), norm_eps=float(c["rms_norm_eps"]), attn="gqa")
+    return dict(vocab_size=c["vocab_size"], block_size=c["max_position_embeddings"], n_layer=n_layer,
+                n_embd=c["hidden_size"], n_head=heads, n_kv_head=c.get("num_key_value_heads") or heads,
+                head_dim=c["head_dim"], mlp_hidden=c["intermediate_size"],
+                rope_theta=float(rope.get("rope_theta", c.get("rope_theta", 10000.0))),
+                qk_norm=True, tie_embeddings=bool(c["tie_word_embeddings"]), norm_eps=float(c["rms_norm_eps"]),
+                attn="gqa")
 
 
 def read_safetensors(folder):
@@ -102,8 +111,9 @@ def read_safetensors(folder):
         files = ["model.safetensors"]
     missing = [n for n in files if not os.path.isfile(os.path.join(folder, n))]
     if missing:
-        raise FileNotFoundError(f"{folder} has no {missing[0]}: copy the whole Hugging Face folder (safetensors weights; "
-                                f".bin weights: re-save them with save_pretrained(safe_serialization=True))")
+        raise FileNotFoundError(
+            f"{folder} has no {missing[0]}: copy the whole Hugging Face folder (safetensors weights; "
+            f".bin weights: re-save them with save_pretrained(safe_serialization=True))")
     return {k: v for n in files for k, v in load_file(os.path.join(folder, n)).items()}
 
 
@@ -123,18 +133,21 @@ def model_from_hf(folder, device="cpu"):
         state[key] = t.float()  # bf16 checkpoints become float32: exact
     if cfg.tie_embeddings:  # tied: the export may omit lm_head, or hold a copy; the embedding is the one weight
         state.pop("lm_head.weight", None)
-    state = pad_vocab(fuse_projections(state), cfg)  # q/k/v and gate/up rows stacked; vocab rows padded to a multiple of 64
+    # q/k/v and gate/up rows stacked; vocab rows padded to a multiple of 64
+    state = pad_vocab(fuse_projections(state), cfg)
     if cfg.tie_embeddings and "embed.weight" in state:
         state["lm_head.weight"] = state["embed.weight"]
     try:
         model = model_from_state(cfg, state, device)
     except RuntimeError as e:
-        raise ValueError(f"{folder}: the weights do not fit config.json ({str(e).strip().splitlines()[0][:200]})") from None
+        raise ValueError(f"{folder}: the weights do not fit config.json "
+                         f"({str(e).strip().splitlines()[0][:200]})") from None
     files = hf_tokenizer_files(folder)  # the same files data/*/prepare.py --tokenizer=hf reads: the same fingerprint
     # vocab_size: the model's rows (config.json; Qwen3: 151,936), which may exceed the tokenizer's ids (~151,669): data
     # prepared with this tokenizer has the smaller vocab_size, and vocab_problem takes it as long as the files match
     meta = {"tokenizer": "hf", "vocab_size": cfg.vocab_size, "hf_tokenizer_files": files or None,
-            "hf_tokenizer_sha256": hf_tokenizer_sha256(files), "source": f"Hugging Face folder {os.path.abspath(folder)}"}
+            "hf_tokenizer_sha256": hf_tokenizer_sha256(files),
+            "source": f"Hugging Face folder {os.path.abspath(folder)}"}
     return model, meta
 
 
@@ -145,7 +158,8 @@ def qwen3_problem(cfg, flag):
         return (f"{flag}: attn={cfg.attn!r} is not a Qwen3 attention: only plain GQA/MHA and VHA (folded first) "
                 f"export as Qwen3")
     if cfg.attn == "vha":
-        return f"{flag}: this model is unfolded VHA (premix/postmix are not Qwen3 weights): fold it first (fold.py does)"
+        return (f"{flag}: this model is unfolded VHA (premix/postmix are not Qwen3 weights): fold it first "
+                "(fold.py does)")
     if not cfg.qk_norm:
         return (f"{flag}: Qwen3 always applies QK-norm (q_norm/k_norm), but this model was trained with qk_norm=False: "
                 f"its Qwen3 export would compute something else; export only works for qk_norm=True models")
@@ -200,8 +214,10 @@ def hf_tokenizer(meta):
         with tempfile.TemporaryDirectory() as tmp:  # the ranks in tiktoken's file format, read back by the converter
             path = os.path.join(tmp, "gpt2.tiktoken")
             with open(path, "w") as f:
-                f.writelines(f"{base64.b64encode(b).decode()} {r}\n" for b, r in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]))
-            tok = TikTokenConverter(vocab_file=path, pattern=enc._pat_str, extra_special_tokens=enc._special_tokens).converted()
+                f.writelines(f"{base64.b64encode(b).decode()} {r}\n"
+                             for b, r in sorted(enc._mergeable_ranks.items(), key=lambda kv: kv[1]))
+            tok = TikTokenConverter(vocab_file=path, pattern=enc._pat_str,
+                                    extra_special_tokens=enc._special_tokens).converted()
         eot = "<|endoftext|>"
         return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=eot, eos_token=eot), None
     if kind == "rows":
@@ -226,15 +242,17 @@ def hf_config(c):
 
 def model_card(model, folder, meta, source, n_params, note):
     """README.md of the folder: what the model is, how it was folded, its KV bytes, how to load it."""
-    c, kv = model.cfg, model.kv_bytes_per_token(torch.bfloat16)
+    c, kv = model.cfg, model.cfg.kv_bytes_per_token(torch.bfloat16)
     return (f"# {os.path.basename(os.path.abspath(folder))}\n\nA {c.n_layer}-layer Qwen3-style model "
             f"({n_params:,} parameters) written by nanoVHA's fold.py from `{source['ckpt']}`"
             f"{' (dataset: ' + meta['source'] + ')' if meta and meta.get('source') else ''}.\n\n"
-            + (f"It was trained as **Virtual Head Attention**: {source['n_q_proj']} physical query projections, a Q premix "
-               f"into {c.n_head} virtual heads and a linear postmix `I + V U^T` over heads. Both maps are linear and were "
-               f"folded exactly into `q_proj` and `o_proj` (in float64), so this is a plain GQA model.\n\n"
+            + (f"It was trained as **Virtual Head Attention**: {source['n_q_proj']} physical query projections, "
+               f"a Q premix into {c.n_head} virtual heads and a linear postmix `I + V U^T` over heads. "
+               f"Both maps are linear and were folded exactly into `q_proj` and `o_proj` (in float64), "
+               "so this is a plain GQA model.\n\n"
                if source["vha"] else "It was trained as a plain GQA model (nothing to fold).\n\n")
-            + f"- attention: {c.n_head} query heads of dim {c.head_dim}, {c.n_kv_head} KV heads (GQA), QK-norm, RoPE theta {c.rope_theta:g}\n"
+            + f"- attention: {c.n_head} query heads of dim {c.head_dim}, {c.n_kv_head} KV heads (GQA), QK-norm, "
+            f"RoPE theta {c.rope_theta:g}\n"
             f"- KV cache: {kv:,} bytes per token in bf16 ({kv // c.n_layer:,} per layer)\n"
             f"- context: trained at {c.block_size} tokens; vocab {c.vocab_size}"
             f"{'; tokenizer: ' + meta['tokenizer'] if note is None else '; no tokenizer (' + note + ')'}\n\n"
@@ -242,7 +260,8 @@ def model_card(model, folder, meta, source, n_params, note):
             f"model = AutoModelForCausalLM.from_pretrained({folder!r})\n"
             + (f"tok = AutoTokenizer.from_pretrained({folder!r})\n"
                "ids = tok(\"ROMEO:\", return_tensors=\"pt\").input_ids\n"
-               "print(tok.decode(model.generate(ids, max_new_tokens=100, do_sample=False)[0]))\n" if note is None else "")
+               "print(tok.decode(model.generate(ids, max_new_tokens=100, do_sample=False)[0]))\n"
+               if note is None else "")
             + "```\n")
 
 
@@ -304,9 +323,10 @@ def first_mismatch(ours, theirs):
 @torch.no_grad()
 def hf_compare(folder, model, meta, tokens, gen_tokens):
     """transformers (on the CPU) running the exported folder against model (ours: the checkpoint as trained) on
-    `reference`'s logits and greedy ids. -> (max |logit difference|, largest |logit|, None if the gen_tokens greedy tokens
-    are identical else the index of the first that differs, whether the two greedy texts are equal: transformers'
-    tokenizer decoding its ids vs ours decoding ours, as sample.py does; None where the folder has no tokenizer)."""
+    `reference`'s logits and greedy ids. -> (max |logit difference|, largest |logit|, None if the gen_tokens greedy
+    tokens are identical else the index of the first that differs, whether the two greedy texts are equal:
+    transformers' tokenizer decoding its ids vs ours decoding ours, as sample.py does; None where the folder has no
+    tokenizer)."""
     import transformers
     transformers.logging.set_verbosity_error()  # no progress bar, no note that max_new_tokens overrides max_length
     transformers.logging.disable_progress_bar()

@@ -52,7 +52,7 @@ sys.path.insert(0, ROOT)
 from nanovha.config import ConfigError, configure  # noqa: E402
 from data.common import write_split  # noqa: E402
 from nanovha.hardware import gpu_spec  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from model import GPT, GPTConfig, fold_to_gqa  # noqa: E402
 
 # -----------------------------------------------------------------------------
 dry_run = False  # CPU, toy sizes: checks that every step of this script runs
@@ -127,9 +127,7 @@ def check_correctness():
         for block in vha.blocks:
             block.attn.premix.add_(0.1 * torch.randn_like(block.attn.premix))
             block.attn.postmix_V.normal_(0, 0.3)
-    gqa_cfg, state = vha.double().fold_to_gqa()
-    folded = GPT(gqa_cfg)
-    folded.load_state_dict(state)
+    folded = fold_to_gqa(vha.double())
     idx = torch.randint(cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0)).to(device)
     for dtype in (torch.float32, torch.bfloat16):
         a, b = vha.to(device, dtype).eval(), folded.to(device, dtype).eval()
@@ -147,12 +145,9 @@ def check_correctness():
 
 # ---- 2. SDPA kernels ----
 def decode_model(variant, **shape):
-    """A decode variant as bench_decode.py builds it: gqaN / mha / mqa directly, vha_folded through GPT.fold_to_gqa."""
+    """A decode variant as bench_decode.py builds it: gqaN / mha / mqa directly, vha_folded through fold_to_gqa."""
     if variant == "vha_folded":
-        cfg, state = GPT(GPTConfig(**shape, n_kv_head=2, attn="vha")).fold_to_gqa()
-        model = GPT(cfg)
-        model.load_state_dict(state)
-        return model
+        return fold_to_gqa(GPT(GPTConfig(**shape, n_kv_head=2, attn="vha")))
     kv = {"mha": shape["n_head"], "mqa": 1}.get(variant) or int(variant[3:])
     return GPT(GPTConfig(**shape, n_kv_head=kv))
 

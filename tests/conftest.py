@@ -20,6 +20,15 @@ def tiny_text(n_chars=60_000, seed=0):
     return "\n".join(lines)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache(tmp_path_factory):
+    """Compiled decode packages (nanovha/compiled_decode.py) go to a folder of this test session, for the tests and
+    every script they start: never the user's cache."""
+    folder = str(tmp_path_factory.mktemp("compiled"))
+    os.environ["NANOVHA_CACHE"] = folder
+    return folder
+
+
 @pytest.fixture(scope="session")
 def char_data(tmp_path_factory):
     from data.common import prepare_string

@@ -18,7 +18,7 @@ from test_model import VARIANTS, make
 TINY = ["--n_layer=2", "--n_embd=32", "--n_head=4", "--head_dim=8", "--vha_kv_head=2", "--threads=1", "--warmup=1",
         "--device=cpu", "--seed=0"]
 TINY_DECODE = TINY + ["--contexts=48,96", "--decode_steps=3", "--prefill_max=16", "--prefill_repeats=1", "--copy_mib=8",
-                      "--llama_cpp=False"]  # llama.cpp rows: tests/test_gguf.py
+                      "--llama_cpp=False", "--compile=off"]  # llama.cpp rows: tests/test_gguf.py; compiled: test_compiled_decode.py
 PAPER = ["config/paper_1p7b_gqa8.py", "config/paper_1p7b_gqa2.py", "config/paper_1p7b_gqa_8q2kv.py", "config/paper_1p7b_vha.py"]
 
 
@@ -87,9 +87,9 @@ def test_decode_benchmark_end_to_end(tmp_path):
     out = last_json(proc)
     assert out["mode"] == "decode" and out["copy_gb_s"] > 0 and out["op_floor_ms"] > 0
     assert out["fold_max_logit_diff"]["vha_folded"] < 1e-10  # a real fold of a non-identity premix/postmix
-    rows = {(r["variant"], r["ctx"]): r for r in out["results"]}
-    assert set(rows) == {(v, c) for v in ("mha", "vha_folded") for c in (48, 96)}
-    mha, vha = rows[("mha", 96)], rows[("vha_folded", 96)]
+    rows = {(r["variant"], r["runtime"], r["ctx"]): r for r in out["results"]}
+    assert set(rows) == {(v, "eager", c) for v in ("mha", "vha_folded") for c in (48, 96)}
+    mha, vha = rows[("mha", "eager", 96)], rows[("vha_folded", "eager", 96)]
     for key in ("kv_bytes_per_token", "kv_cache_mb", "ttft_ms", "prefill_tok_s", "decode_ms", "decode_tok_s",
                 "mb_per_step", "gb_s", "bw_frac"):
         assert vha[key] > 0 and math.isfinite(vha[key]), key
@@ -131,19 +131,14 @@ def test_costs_reproduce_the_paper_at_1p7b():
     assert proc.stdout.count("PASS") == 2
 
 
-def test_the_old_modes_name_the_new_command():
-    for mode, new in (("train", "python bench.py "), ("costs", "python bench.py --costs=True")):
-        proc = run("bench_decode.py", f"--mode={mode}", check=False)
-        assert proc.returncode != 0 and f"moved to bench.py: {new}" in proc.stderr
-
-
 def test_paper_configs_use_train_py_keys():
-    """The 1.7B files must run as `python train.py config/paper_1p7b_vha.py`: same keys, same types."""
+    """The 1.7B files must run as `python train.py config/paper_1p7b_gqa8.py config/paper_1p7b_vha.py`: train.py's
+    keys and types, the base's shape."""
     tree = ast.parse(open(os.path.join(ROOT, "train.py")).read())
     defaults = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            if node.targets[0].id == "config_keys":
+            if node.targets[0].id == "defaults":  # the end of the settings block
                 break
             try:
                 defaults[node.targets[0].id] = ast.literal_eval(node.value)
@@ -151,7 +146,7 @@ def test_paper_configs_use_train_py_keys():
                 pass
     optional = {"head_dim": int, "mlp_hidden": int, "vha_postmix_rank": int}
     for path in PAPER:
-        cfg = configure(defaults, [os.path.join(ROOT, path)], optional)
+        cfg = configure(defaults, [os.path.join(ROOT, PAPER[0]), os.path.join(ROOT, path)], optional)
         assert (cfg["n_layer"], cfg["n_embd"], cfg["head_dim"], cfg["mlp_hidden"], cfg["block_size"]) == (28, 2048, 128, 6144, 4096)
 
 
@@ -191,21 +186,19 @@ def test_decode_step_compiles_as_one_graph_and_matches_eager():
 
 # ---- the CUDA argument path, without a GPU ----
 def test_auto_settings_resolve_for_cuda_and_cpu(monkeypatch):
-    """--dtype=auto etc. on CUDA: bf16 weights and cache (as deployed), SDPA decode, 32K prefill; fp32 on CUDA decodes
-    grouped (no fp32 SDPA kernel takes grouped heads); the CPU keeps float32 and its figures. resolve_auto is called with
-    device_type="cuda" here, and torch.cuda.is_bf16_supported is faked."""
+    """decode_impl=auto etc.: on CUDA SDPA decode in bf16/fp16 (grouped for float32 weights: no fp32 SDPA kernel takes
+    grouped heads), 32K prefill, CUDA graphs; a CPU decodes grouped, prefills 2K and compiles an AOTInductor package;
+    MPS runs eager. resolve_auto is called with device_type="cuda" here; no GPU is needed."""
     import importlib.util
     import sys
     monkeypatch.setattr(sys, "argv", ["bench_decode.py", "--device=cpu"])
     spec = importlib.util.spec_from_file_location("bench_decode", os.path.join(ROOT, "bench_decode.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)  # parses the argv above; runs nothing (the benchmark runs under __main__)
-    assert (bench.dtype, bench.decode_impl, bench.prefill_max) == ("float32", "grouped", 2048)  # this CPU run's settings
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
-    assert bench.resolve_auto("cuda", "auto", "auto", None) == ("bfloat16", "sdpa", 32768)
-    assert bench.resolve_auto("cuda", "float32", "auto", None) == ("float32", "grouped", 32768)
-    assert bench.resolve_auto("cuda", "auto", "grouped", 4096) == ("bfloat16", "grouped", 4096)  # explicit settings stay
-    assert bench.resolve_auto("cpu", "auto", "auto", None) == ("float32", "grouped", 2048)
-    assert bench.resolve_auto("mps", "auto", "auto", None) == ("float32", "grouped", 2048)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)  # V100, T4
-    assert bench.resolve_auto("cuda", "auto", "auto", None) == ("float32", "grouped", 32768)
+    assert (bench.decode_impl, bench.prefill_max, bench.compile, bench.runtimes) == ("grouped", 2048, "aot", ["aot", "eager"])
+    assert bench.resolve_auto("cuda", "auto", None, "auto") == ("sdpa", 32768, "graphs")  # dtype auto: bf16 there
+    assert bench.resolve_auto("cuda", "auto", 4096, "off") == ("sdpa", 4096, "off")  # explicit settings stay
+    assert bench.resolve_auto("cpu", "auto", None, "auto") == ("grouped", 2048, "aot")
+    assert bench.resolve_auto("mps", "auto", None, "auto") == ("grouped", 2048, "off")
+    monkeypatch.setattr(bench, "dtype", "float32")
+    assert bench.resolve_auto("cuda", "auto", None, "auto") == ("grouped", 32768, "graphs")

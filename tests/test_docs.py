@@ -69,8 +69,10 @@ def python_files():
 
 
 def test_files_read_in_one_sitting():
-    """CONTRIBUTING.md: at most 450 lines a file (model.py at most 650), no function over 60 lines in the scripts."""
-    long_files = [(p, n) for p in python_files() if (n := len(open(os.path.join(ROOT, p)).readlines())) > (650 if p == "model.py" else 450)]
+    """CONTRIBUTING.md: at most 500 lines a file (model.py at most 700), no function over 60 lines in the scripts."""
+    def cap(path):
+        return 700 if path == "model.py" else 500
+    long_files = [(p, n) for p in python_files() if (n := len(open(os.path.join(ROOT, p)).readlines())) > cap(p)]
     assert not long_files, f"files over the limit: {long_files}"
     long_functions = []
     for path in SCRIPTS:

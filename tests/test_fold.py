@@ -15,7 +15,7 @@ from conftest import TINY_MODEL, run
 from data.common import gpt2_encoding, gpt2_meta, load_tokenizer
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
 from nanovha.health import vha_health
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, fold_to_gqa
 from test_model import make
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # tiny models: extra threads only fight over a shared CPU
@@ -40,10 +40,10 @@ def logits_gap(model_a, model_b, seed=0):
 def test_fold_is_exact_for_every_rank(n_kv_head, qk_norm):
     for rank in range(1, 9):  # H_v = 8 virtual heads: every postmix rank
         vha = make(attn="vha", n_head=8, n_kv_head=n_kv_head, vha_postmix_rank=rank, qk_norm=qk_norm, seed=rank)
-        gqa = fold.fold(vha)
+        gqa = fold_to_gqa(vha)
         assert (gqa.cfg.attn, gqa.cfg.n_head, gqa.cfg.n_kv_head) == ("gqa", 8, n_kv_head)
         assert not any("mix" in name for name in gqa.state_dict())
-        assert gqa.kv_bytes_per_token() == vha.kv_bytes_per_token()
+        assert gqa.cfg.kv_bytes_per_token() == vha.cfg.kv_bytes_per_token()
         assert gqa.lm_head.weight.shape == vha.lm_head.weight.shape == (64, 64)  # the fold keeps the padded vocab (37 -> 64)
         assert logits_gap(vha, gqa) <= 1e-10, (n_kv_head, qk_norm, rank)
 
@@ -56,7 +56,7 @@ def test_fold_is_exact_for_every_rank(n_kv_head, qk_norm):
 ])
 def test_premix_only_and_postmix_only_fold_exactly(kw, attending):
     vha = make(attn="vha", n_head=8, **kw)
-    gqa = fold.fold(vha)
+    gqa = fold_to_gqa(vha)
     assert (gqa.cfg.n_head, gqa.cfg.n_kv_head) == (attending, kw["n_kv_head"])  # postmix only: H_p heads attend
     assert logits_gap(vha, gqa) <= 1e-10
     prompt = torch.randint(0, 37, (1, 5))
@@ -66,7 +66,7 @@ def test_premix_only_and_postmix_only_fold_exactly(kw, attending):
 def test_a_wrong_fold_fails_the_same_check():
     """The check has teeth: P instead of P^T, or M^T instead of M, is caught by many orders of magnitude."""
     vha = make(attn="vha", n_head=8, n_kv_head=2)
-    assert logits_gap(vha, fold.fold(vha)) <= 1e-10
+    assert logits_gap(vha, fold_to_gqa(vha)) <= 1e-10
     wrong_premix = copy.deepcopy(vha)
     for block in wrong_premix.blocks:  # fold_to_gqa then writes P[g] W_q[h] instead of P[g]^T W_q[h]
         block.attn.premix.data = block.attn.premix.data.transpose(1, 2).contiguous()
@@ -75,7 +75,7 @@ def test_a_wrong_fold_fails_the_same_check():
         a = block.attn
         a.postmix_U.data, a.postmix_V.data = a.postmix_V.data.clone(), a.postmix_U.data.clone()
     for wrong in (wrong_premix, wrong_postmix):
-        assert logits_gap(vha, fold.fold(wrong)) > 1e-3
+        assert logits_gap(vha, fold_to_gqa(wrong)) > 1e-3
 
 
 # ---- the CLI on a real (short) training run ----
@@ -86,7 +86,7 @@ def folded_run(char_data, tmp_path_factory):
     with open(os.path.join(out, "ckpt.pt"), "rb") as f:
         source_bytes = f.read()
     mpl = str(tmp_path_factory.mktemp("mplconfig"))
-    report = run("fold.py", f"--out_dir={out}", "--plot=True", env=dict(ONE_THREAD, MPLCONFIGDIR=mpl)).stdout
+    report = run("fold.py", "--compile_decode=False", f"--out_dir={out}", "--plot=True", env=dict(ONE_THREAD, MPLCONFIGDIR=mpl)).stdout
     return out, report, source_bytes
 
 
@@ -214,7 +214,7 @@ def test_refusals_write_nothing(tmp_path):
     assert not os.path.exists(f"{d}/hf")
     # the same through a real process: exit status 1, the message on stderr
     for args, message in ([f"--out_dir={d}/gqa"], "error: nothing to fold"), ([f"--out_dir={d}/vha", "--plots=True"], "unknown config key"):
-        proc = run("fold.py", *args, check=False, env=ONE_THREAD)
+        proc = run("fold.py", "--compile_decode=False", *args, check=False, env=ONE_THREAD)
         assert proc.returncode == 1 and message in proc.stderr and proc.stdout == "", proc.stderr
     assert sorted(os.listdir(f"{d}/gqa")) == ["ckpt.pt"]
 
@@ -222,21 +222,21 @@ def test_refusals_write_nothing(tmp_path):
 def test_an_inexact_fold_is_refused_not_written(tmp_path, monkeypatch):
     """fold.py checks before it writes: a fold that breaks the float64 logits (here P instead of P^T) is an error."""
     save_tiny(str(tmp_path), attn="vha", n_head=8, n_kv_head=2)
-    right = GPT.fold_to_gqa
+    right = fold.fold_to_gqa
 
-    def wrong(self):
-        bad = copy.deepcopy(self)
+    def wrong(vha):
+        bad = copy.deepcopy(vha)
         for block in bad.blocks:
             block.attn.premix.data = block.attn.premix.data.transpose(1, 2).contiguous()
         return right(bad)
 
-    monkeypatch.setattr(GPT, "fold_to_gqa", wrong)
+    monkeypatch.setattr(fold, "fold_to_gqa", wrong)
     refuse([f"--out_dir={tmp_path}", "--gen_tokens=5"], "the fold is not exact")
 
 
 def test_random_tokens_are_labelled_when_the_data_is_missing(tmp_path, capsys):
     save_tiny(str(tmp_path), attn="vha", n_head=8, n_kv_head=2)
-    fold.main([f"--out_dir={tmp_path}", "--gen_tokens=20"])
+    fold.main(["--compile_decode=False", f"--out_dir={tmp_path}", "--gen_tokens=20"])
     report = capsys.readouterr().out
     assert "proof on RANDOM tokens" in report and report.count("greedy 20 tokens: identical") == 2
     assert os.path.exists(tmp_path / "ckpt_folded.pt")
@@ -259,7 +259,7 @@ def test_hf_export_gives_the_same_logits(name, tmp_path, monkeypatch, capsys):
     safetensors_torch = pytest.importorskip("safetensors.torch", reason="the HF export needs safetensors (pip install safetensors)")
     kw = dict(HF_MODELS[name], n_embd=64, head_dim=24, rope_theta=5000.0, norm_eps=1e-5)  # head_dim != n_embd / n_head
     ours, _ = save_tiny(str(tmp_path), **kw)
-    fold.main([f"--out_dir={tmp_path}", f"--export_hf={tmp_path}/hf", "--gen_tokens=10"])
+    fold.main(["--compile_decode=False", f"--out_dir={tmp_path}", f"--export_hf={tmp_path}/hf", "--gen_tokens=10"])
     assert sorted(os.listdir(tmp_path / "hf")) == ["README.md", "config.json", "generation_config.json", "model.safetensors"]
     hf = transformers.Qwen3ForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
     assert (hf.config.num_attention_heads, hf.config.head_dim) == (ours.cfg.n_attn_head, 24)
@@ -321,7 +321,7 @@ def export_with_meta(folder, meta, vocab_size, **kw):
     os.makedirs(folder, exist_ok=True)
     save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.cfg), "iter_num": 1, "kind": "nanovha",
                      "meta": meta}, os.path.join(folder, "ckpt.pt"))
-    fold.main([f"--out_dir={folder}", f"--export_hf={folder}/hf", "--gen_tokens=5"])
+    fold.main(["--compile_decode=False", f"--out_dir={folder}", f"--export_hf={folder}/hf", "--gen_tokens=5"])
     return os.path.join(folder, "hf")
 
 

@@ -51,7 +51,7 @@ def trained_run(folder, tokenizer, iters, *args):
     prepare_string(verse(), data, tokenizer, "test verse")
     run("train.py", f"--data_dir={data}", f"--out_dir={out}", f"--max_iters={iters}", f"--eval_interval={iters}",
         *TINY_MODEL, "--block_size=64", "--log_interval=50", *args, env=ONE_THREAD)
-    report = run("fold.py", f"--out_dir={out}", f"--export_gguf={out}/model.gguf", "--gen_tokens=20", env=ONE_THREAD).stdout
+    report = run("fold.py", "--compile_decode=False", f"--out_dir={out}", f"--export_gguf={out}/model.gguf", "--gen_tokens=20", env=ONE_THREAD).stdout
     assert "exported GGUF (qwen3, float32)" in report and "greedy 20 tokens: identical" in report
     return out
 
@@ -122,7 +122,7 @@ def test_half_precision_exports_stay_close(dtype, tolerance, char_run, tmp_path)
     """f16 / bf16 matrices (norms stay f32): llama.cpp's logits within the rounding those formats allow."""
     llama = llama_cpp()
     path = str(tmp_path / f"{dtype}.gguf")
-    report = run("fold.py", f"--out_dir={char_run}", f"--export_gguf={path}", f"--gguf_dtype={dtype}",
+    report = run("fold.py", "--compile_decode=False", f"--out_dir={char_run}", f"--export_gguf={path}", f"--gguf_dtype={dtype}",
                  "--out_name=refolded.pt", "--gen_tokens=5", env=ONE_THREAD).stdout
     assert f"exported GGUF (qwen3, {dtype})" in report
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
@@ -157,7 +157,7 @@ def field(reader, key):
 def test_gguf_file_has_qwen3_keys_tensors_and_the_char_vocab(tmp_path):
     chars = sorted(set("ab \n\\\t\x01é日") | set("ROMEO:JULIET"))  # escapes, a control character, 2- and 3-byte UTF-8
     save(str(tmp_path), char_meta(chars), attn="vha", n_head=4, n_kv_head=2, vocab_size=len(chars), tie_embeddings=False)
-    fold.main([f"--out_dir={tmp_path}", f"--export_gguf={tmp_path}/m.gguf", "--gen_tokens=5"])
+    fold.main(["--compile_decode=False", f"--out_dir={tmp_path}", f"--export_gguf={tmp_path}/m.gguf", "--gen_tokens=5"])
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt_folded.pt", "m.gguf"]  # no temp file left
     r = gguf.GGUFReader(str(tmp_path / "m.gguf"))
     folded = model_from_checkpoint(load_checkpoint(str(tmp_path / "ckpt_folded.pt")))
@@ -217,22 +217,22 @@ def test_bench_decode_times_the_folded_model_in_llama_cpp_too():
     from test_bench import TINY_DECODE, last_json
     proc = run("bench_decode.py", *TINY_DECODE, "--variants=gqa2,vha_folded", "--llama_cpp=True", env=ONE_THREAD)
     out = last_json(proc)
-    rows = {(r["variant"], r["ctx"]): r for r in out["results"]}
+    rows = {(r["variant"], r["runtime"], r["ctx"]): r for r in out["results"]}
     for ctx in (48, 96):  # the same model, the same contexts, side by side; tok/s measured, never asserted
-        ours, theirs = rows[("vha_folded", ctx)], rows[("vha_folded@llama.cpp", ctx)]
+        ours, theirs = rows[("vha_folded", "eager", ctx)], rows[("vha_folded@llama.cpp", "llama.cpp", ctx)]
         assert theirs["decode_tok_s"] > 0 and theirs["kv_bytes_per_token"] == ours["kv_bytes_per_token"]
-        assert out["llama_cpp"]["ours_over_llama_cpp"]["vha_folded@llama.cpp"][str(ctx)] == pytest.approx(
+        assert out["llama_cpp"]["ours_over_llama_cpp"]["vha_folded@llama.cpp"]["eager"][str(ctx)] == pytest.approx(
             ours["decode_tok_s"] / theirs["decode_tok_s"])
     split = {b["variant"]: b for b in out["breakdown"]}["vha_folded@llama.cpp"]
     assert split["ms_ctx1"] > 0 and split.get("attn_ms") is None  # theirs: the total and the ctx-1 / KV split
-    assert "ours / llama.cpp decode tok/s, vha_folded:" in proc.stdout
+    assert "ours (eager) / llama.cpp decode tok/s, vha_folded:" in proc.stdout
 
 
 def test_a_model_without_a_text_tokenizer_runs_on_token_ids(tmp_path):
     """Recall rows (or no meta): stand-in tokens '[0]'..'[n-1]', so llama.cpp loads the file and runs token ids."""
     llama = llama_cpp()
     model = save(str(tmp_path), {"tokenizer": "rows", "vocab_size": 37}, attn="vha", n_head=4, n_kv_head=2)
-    report = run("fold.py", f"--out_dir={tmp_path}", f"--export_gguf={tmp_path}/rows.gguf", "--gen_tokens=5", env=ONE_THREAD).stdout
+    report = run("fold.py", "--compile_decode=False", f"--out_dir={tmp_path}", f"--export_gguf={tmp_path}/rows.gguf", "--gen_tokens=5", env=ONE_THREAD).stdout
     assert "stand-in tokens '[0]'..'[36]'" in report and "greedy 5 tokens: identical" in report.split("llama.cpp check")[1]
     llm = load(llama, str(tmp_path / "rows.gguf"))
     tokens = [3, 1, 4, 1, 5, 9, 2, 6]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, fold_to_gqa
 
 MLA = dict(attn="mla", n_kv_head=8, qk_norm=False, mla_kv_rank=24, mla_rope_dim=8)
 MFA = dict(attn="mfa", n_kv_head=1, head_dim=16, q_rank=32)
@@ -114,16 +114,16 @@ def test_cost_accounting_by_hand():
     mla = make(**MLA)
     # per layer: qkv_proj D x (H(d+d_R) + r + d_R), kv_up r x 2Hd, o_proj Hd x D, MLP 3 D M, norms 3 x D... listed
     mla_macs = D * (H * 16 + 24 + 8) + 24 * 2 * H * d + H * d * D + 3 * D * M
-    assert mla.flops_per_token(T) == L * (2 * mla_macs + H * (2 * d + 8) * T) + 2 * D * V
+    assert mla.cfg.flops_per_token(T) == L * (2 * mla_macs + H * (2 * d + 8) * T) + 2 * D * V
     assert mla.num_params() == V * D + L * (mla_macs + 2 * D + 24) + D  # + attn/mlp norms, the latent norm; final norm
-    assert mla.kv_bytes_per_token(torch.bfloat16) == L * (24 + 8) * 2 == 128
+    assert mla.cfg.kv_bytes_per_token(torch.bfloat16) == L * (24 + 8) * 2 == 128
     mfa = make(**MFA)
     mfa_macs = D * (32 + 2 * 16) + 32 * H * 16 + H * 16 * D + 3 * D * M
-    assert mfa.flops_per_token(T) == L * (2 * mfa_macs + 2 * H * 16 * T) + 2 * D * V
+    assert mfa.cfg.flops_per_token(T) == L * (2 * mfa_macs + 2 * H * 16 * T) + 2 * D * V
     assert mfa.num_params() == V * D + L * (mfa_macs + 2 * D + 32 + 2 * 16) + D  # + q_latent_norm, q_norm, k_norm
-    assert mfa.kv_bytes_per_token(torch.bfloat16) == L * 2 * 1 * 16 * 2 == 128
+    assert mfa.cfg.kv_bytes_per_token(torch.bfloat16) == L * 2 * 1 * 16 * 2 == 128
     gqa2 = make(attn="gqa", n_kv_head=2)
-    assert gqa2.kv_bytes_per_token(torch.bfloat16) == 128  # the same cache for the three
+    assert gqa2.cfg.kv_bytes_per_token(torch.bfloat16) == 128  # the same cache for the three
 
 
 @pytest.mark.parametrize("kw", [MLA, MFA], ids=["mla", "mfa"])
@@ -131,7 +131,7 @@ def test_fold_and_the_qwen3_export_refuse_them(kw):
     import fold
     model = make(**kw)
     with pytest.raises(ValueError, match="nothing to fold"):
-        model.fold_to_gqa()
+        fold_to_gqa(model)
     assert "is not a Qwen3 attention" in fold.hf_export_problem(model.cfg)
 
 

@@ -194,11 +194,11 @@ def test_cost_accounting_by_hand():
     gqa_macs = D * d * (8 + 4) + 8 * d * D + 3 * D * 96
     vha_macs = D * d * (4 + 4) + 8 * d * D + 3 * D * 96 + 8 * d * d + 2 * 8 * 2 * d
     lm_head = 2 * D * 128  # vocab 100 runs padded to 128 = 64 * ceil(100 / 64) rows
-    assert gqa.flops_per_token(T) == 3 * (2 * gqa_macs + attn_flops) + lm_head
-    assert vha.flops_per_token(T) == 3 * (2 * vha_macs + attn_flops) + lm_head
-    assert vha.flops_per_token(T, training=True) == 3 * vha.flops_per_token(T)
-    assert gqa.kv_bytes_per_token(torch.bfloat16) == 3 * 2 * 2 * 8 * 2
-    assert gqa.kv_bytes_per_token(torch.float32) == 2 * gqa.kv_bytes_per_token(torch.bfloat16)
+    assert gqa.cfg.flops_per_token(T) == 3 * (2 * gqa_macs + attn_flops) + lm_head
+    assert vha.cfg.flops_per_token(T) == 3 * (2 * vha_macs + attn_flops) + lm_head
+    assert vha.cfg.flops_per_token(T, training=True) == 3 * vha.cfg.flops_per_token(T)
+    assert gqa.cfg.kv_bytes_per_token(torch.bfloat16) == 3 * 2 * 2 * 8 * 2
+    assert gqa.cfg.kv_bytes_per_token(torch.float32) == 2 * gqa.cfg.kv_bytes_per_token(torch.bfloat16)
     n_embed = 128 * 64  # the padded rows are parameters too
     assert gqa.num_params() - gqa.num_params(non_embedding=True) == n_embed  # tied: counted once
     per_layer_extra = 2 * d * d + 2 * 8 * 2 - 4 * d * D  # premix + U, V - the 4 missing q heads

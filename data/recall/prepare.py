@@ -18,7 +18,8 @@ def main():
     parser.add_argument("--n_val", type=int, default=512, help="held-out rows at full difficulty")
     knobs = sorted({k for d in tasks.DEFAULTS.values() for k in d})
     for k in knobs:
-        parser.add_argument(f"--{k}", type=int, help="default: " + ", ".join(f"{t} {d[k]}" for t, d in tasks.DEFAULTS.items() if k in d))
+        parser.add_argument(f"--{k}", type=int,
+                            help="default: " + ", ".join(f"{t} {d[k]}" for t, d in tasks.DEFAULTS.items() if k in d))
     args = parser.parse_args()
     given = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
     try:

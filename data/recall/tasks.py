@@ -116,13 +116,15 @@ def vt(rng, n, s):
     consts = V0 + rng.random((n, s["n_values"])).argsort(1)[:, :C]  # (n, C) distinct chain values
     # a random interleaving of the chains: slot i gets chain perm[i] // H, its hops stay in order
     chain = rng.random((n, C * H)).argsort(1) // H  # (n, C*H): which chain each assignment belongs to
-    hop = (np.cumsum(chain[:, :, None] == np.arange(C), 1) - 1)[np.arange(n)[:, None], np.arange(C * H), chain]  # (n, C*H)
+    # (n, C*H)
+    hop = (np.cumsum(chain[:, :, None] == np.arange(C), 1) - 1)[np.arange(n)[:, None], np.arange(C * H), chain]
     rows = np.arange(n)[:, None]
     source = np.where(hop == 0, consts[rows, chain], names[rows, chain, np.maximum(hop - 1, 0)])  # (n, C*H)
     story = np.stack([source, names[rows, chain, hop]], 2).reshape(n, 2 * C * H)  # (n, 2CH): source, name pairs
     parts, targets = [story, filler(rng, (n, s["gap"]))], [np.full((n, 2 * C * H + s["gap"]), -1)]
     for c in rng.random((n, C)).argsort(1).T:  # query the chains in a random order per row
-        parts.append(np.concatenate([np.full((n, 1), SEP), consts[rows[:, 0], c][:, None], names[rows[:, 0], c]], 1))  # (n, H+2)
+        # (n, H+2)
+        parts.append(np.concatenate([np.full((n, 1), SEP), consts[rows[:, 0], c][:, None], names[rows[:, 0], c]], 1))
         targets.append(np.concatenate([np.full((n, 1), -1), names[rows[:, 0], c], np.full((n, 1), -1)], 1))
     return np.concatenate(parts, 1), np.concatenate(targets, 1)
 

@@ -16,9 +16,11 @@ def main():
     parser.add_argument("--input", nargs="+", required=True, help="UTF-8 text file(s)")
     parser.add_argument("--out_dir", required=True, help="folder for the dataset, e.g. data/mytext")
     parser.add_argument("--tokenizer", choices=["char", "gpt2", "hf"], default="char",
-                        help="char: one token per character (small text); gpt2: GPT-2 BPE (more text); hf: --hf_tokenizer's")
-    parser.add_argument("--hf_tokenizer", default="", help="with --tokenizer=hf: a Hugging Face model folder (tokenizer.json), "
-                                                           "the one the model to train was imported from")
+                        help="char: one token per character (small text); gpt2: GPT-2 BPE (more text); "
+                             "hf: --hf_tokenizer's")
+    parser.add_argument("--hf_tokenizer", default="",
+                        help="with --tokenizer=hf: a Hugging Face model folder (tokenizer.json), "
+                             "the one the model to train was imported from")
     args = parser.parse_args()
     prepare_text(args.input, args.out_dir, args.tokenizer, args.hf_tokenizer)
 

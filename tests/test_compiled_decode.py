@@ -1,0 +1,102 @@
+"""The compiled decode step (nanovha/compiled_decode.py): the same logits and cache writes as model.decode_one_token,
+at any cache length from one package, found again by its key and only by its key; the benchmark's compiled rows and
+their break-even; fold.py building the package that sample.py then loads, with the same greedy text."""
+import copy
+import os
+
+import pytest
+import torch
+
+from conftest import run
+from model import fold_to_gqa
+from nanovha.compiled_decode import compiled_decode, package_key
+from test_bench import TINY_DECODE, last_json
+from test_model import make
+
+
+def folded_model():
+    torch.manual_seed(0)
+    vha = make(dtype=torch.float32, attn="vha", vocab_size=40, n_head=4, n_kv_head=2)
+    with torch.no_grad():  # premix and postmix off the identity: the folded weights are not the plain ones
+        for block in vha.blocks:
+            block.attn.postmix_V.normal_(0, 0.3)
+    return fold_to_gqa(vha).eval().use_decode_layout()
+
+
+def test_the_key_names_what_the_package_depends_on():
+    model = folded_model()
+    key = package_key(model, 1)
+    assert package_key(copy.deepcopy(model), 1) == key  # the same weights, layout and machine: the same package
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.blocks[1].mlp.down_proj.weight[0, 0] += 1e-6
+    plain_layout = copy.deepcopy(model)
+    for m in plain_layout.modules():  # the same values, another memory order: another package
+        if isinstance(m, torch.nn.Linear):
+            m.weight.data = m.weight.data.contiguous()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        more_threads = package_key(model, 1)
+    finally:
+        torch.set_num_threads(threads)
+    keys = {key, package_key(other, 1), package_key(plain_layout, 1), package_key(model, 2), more_threads,
+            package_key(model, 1, autotune=False), package_key(copy.deepcopy(model).double(), 1)}
+    assert len(keys) == 7
+
+
+@pytest.mark.slow  # one AOTInductor build of a tiny model: ~20 s
+def test_compiled_step_equals_eager_decode_at_any_cache_length(tmp_path):
+    model = folded_model()
+    x = torch.randint(40, (1, 30), generator=torch.Generator().manual_seed(1))
+    assert compiled_decode(model, str(tmp_path), autotune=False, build_it=False) is None  # nothing cached yet
+    step = compiled_decode(model, str(tmp_path), autotune=False)
+    assert step.built and os.listdir(tmp_path) == [os.path.basename(step.path)]
+    for max_len in (30, 77):  # one package, two cache lengths (the length is a dynamic dimension)
+        eager = copy.deepcopy(model)
+        with torch.inference_mode():
+            for m in (model, eager):
+                m.setup_cache(1, max_len)
+                m.prefill(x[:, :12])
+            for pos in range(12, 30):
+                want = eager.decode_one_token(x[:, pos:pos + 1], pos)
+                got = step(x[:, pos:pos + 1], torch.tensor([pos]))
+                assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+        for a, b in zip(model.blocks, eager.blocks):  # the step wrote the same keys and values, nothing past them
+            assert (a.attn.kv_cache.k - b.attn.kv_cache.k).abs().max() <= 1e-5
+            assert torch.count_nonzero(a.attn.kv_cache.v[:, :, 30:]) == 0
+    again = compiled_decode(copy.deepcopy(model), str(tmp_path), autotune=False)
+    assert not again.built and again.path == step.path  # found by its key, loaded, not built
+
+
+@pytest.mark.slow  # two AOTInductor builds of tiny models: ~1 min
+def test_decode_benchmark_times_the_compiled_step_beside_eager(tmp_path):
+    args = [a for a in TINY_DECODE if a != "--compile=off"] + ["--compile=aot", "--compile_autotune=False"]
+    out = last_json(run("bench_decode.py", *args, "--variants=mha,vha_folded", env={"NANOVHA_CACHE": str(tmp_path)}))
+    assert out["runtimes"] == ["aot", "eager"] and out["cpu"]
+    rows = {(r["variant"], r["runtime"], r["ctx"]) for r in out["results"]}
+    assert rows == {(v, r, c) for v in ("mha", "vha_folded") for r in ("aot", "eager") for c in (48, 96)}
+    costs = {c["variant"]: c for c in out["compile_costs"]}
+    for c in costs.values():
+        assert c["built"] and c["build_s"] > 0 and c["speedup"] == pytest.approx(c["eager_ms"] / c["compiled_ms"])
+        if c["eager_ms"] > c["compiled_ms"]:
+            saved = (c["eager_ms"] - c["compiled_ms"]) / 1e3
+            assert c["break_even_tokens"] == pytest.approx(c["build_s"] / saved)
+    again = last_json(run("bench_decode.py", *args, "--variants=vha_folded", env={"NANOVHA_CACHE": str(tmp_path)}))
+    assert not again["compile_costs"][0]["built"]  # the second run loads the package the first one built
+
+
+@pytest.mark.slow  # an AOTInductor build with max_autotune: ~40 s
+def test_fold_builds_the_step_sample_loads(char_data, tmp_path):
+    from conftest import TINY_MODEL
+    run("train.py", f"--data_dir={char_data}", f"--out_dir={tmp_path}", "--max_iters=150", "--eval_interval=150",
+        "--attn=vha", "--dtype=float32", *TINY_MODEL)
+    report = run("fold.py", f"--out_dir={tmp_path}", "--gen_tokens=10").stdout
+    assert "compiled decode step: " in report and "(built in" in report
+    sample = ["sample.py", f"--out_dir={tmp_path}", "--ckpt_name=ckpt_folded.pt", "--temperature=0", "--start=ROMEO:",
+              "--num_samples=1", "--max_new_tokens=40"]
+    compiled, eager = run(*sample), run(*sample, "--compile=False")
+    assert "decode compiled (decode-" in compiled.stderr and "loaded in" in compiled.stderr
+    assert "decode eager" in eager.stderr
+    text = lambda proc: proc.stdout.split("\n---------------")[0]  # the prompt and 40 tokens, before the timing line
+    assert text(compiled) == text(eager) and len(text(eager).strip()) > len("ROMEO:") + 10
