@@ -2,14 +2,13 @@
 The paper's ablations in miniature: the LM grid. Every variant gets the same steps, data, LR schedule and seeds;
 a seed fixes the init and every batch, so variants are compared seed by seed (paired differences).
 
-    python ablate.py                  # 11 variants x 3 seeds on shakespeare_char, val loss (~50 min for the first 9)
+    python ablate.py                  # 11 variants x 3 seeds on shakespeare_char, val loss
     python ablate.py --quick          # 3 variants x 2 seeds, 200 steps: a pipeline check
     python ablate.py --size=gpu       # one GPU: GQA-8, same-deploy GQA and VHA at 120M on FineWeb-Edu, 2 seeds
-                                        (~9 h, H100)
     python ablate.py report           # rebuild the tables and plot from the finished runs
 
-The recall KV-budget sweep is sweep.py (python ablate.py sweep used to run it). Any knob below can be overridden
-with --key=value after the size preset (--smoke, --quick, --full). Runs resume (experiments.py).
+The recall KV-budget sweep is sweep.py. Any knob below can be overridden with --key=value after the size preset
+(--smoke, --quick, --full). Runs resume (nanovha/experiments.py). Times, with their CPU: docs/lm_grid.md.
 """
 import csv
 import os
@@ -44,8 +43,7 @@ SIZES = {  # presets; the same budget for every variant
     "quick": dict(out_root="out-ablate-quick", variants="gqa_4x_cache,gqa_same_deploy,vha", n_seeds=2, lm_iters=200,
                   block_size=128, warmup_iters=20, eval_interval=50, eval_iters=10, jobs=2, threads=1),
     "full": {},
-    # one GPU: config/fineweb's 120M twins, 2.52B tokens each; at an assumed 40% MFU on one H100 about 1.4-1.5 h
-    # per run (the arithmetic is in config/fineweb/vha.py), so 3 variants x 2 seeds is about 9 h
+    # one GPU: config/fineweb's 120M twins, 2.52B tokens each (the budget's arithmetic is in config/fineweb/vha.py)
     "gpu": dict(out_root="out-ablate-gpu", variants="gqa_4x_cache,gqa_same_deploy,vha", config_dir="config/fineweb",
                 lm_dataset="fineweb_edu", n_seeds=2, lm_iters=4800, batch_size=32, block_size=1024,
                 gradient_accumulation_steps=16, warmup_iters=200, eval_interval=250, eval_iters=50, log_interval=10),
@@ -71,10 +69,6 @@ PAPER_SAYS_BETTER = {("vha", "silu_postmix"): 1, ("vha", "mla"): 1}  # direction
 
 def parse_args(argv):
     """[command] [--smoke|--quick|--full|--size=NAME] [--key=value ...] -> (command, config)."""
-    if argv and argv[0] in ("sweep", "sweep-report"):  # the sweep is its own script now
-        sys.exit("error: the recall sweep moved to sweep.py: "
-                 f"python sweep.py{' report' if argv[0] == 'sweep-report' else ''} "
-                 "(its knobs keep their names)")
     command, cfg = parse_command(argv, ("run", "report"), DEFAULTS, SIZES)
     cfg["variant_list"] = choose_variants(cfg["variants"], VARIANTS)
     if min(cfg["n_seeds"], cfg["jobs"]) < 1:

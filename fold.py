@@ -3,7 +3,8 @@ Folds a trained VHA checkpoint into the plain GQA model it already is, then prov
 
     python fold.py --out_dir=out-vha-small                          # writes out-vha-small/ckpt_folded.pt
     python fold.py --out_dir=out-vha-small --plot=True              # + fold_analysis.png and a per-layer table
-    python fold.py --out_dir=out-vha-small --export_hf=hf-vha-small # + a Hugging Face Qwen3ForCausalLM folder, run in transformers
+    python fold.py --out_dir=out-vha-small --export_hf=hf-vha-small # + a Hugging Face Qwen3ForCausalLM folder,
+                                                                      run in transformers
     python fold.py --out_dir=out-vha-small --export_gguf=vha-small.gguf  # + one GGUF file for llama.cpp
 
 The fold (fold_to_gqa in model.py, computed in float64), for virtual head j = g*H_p + h:
@@ -56,7 +57,8 @@ def proof_tokens(ckpt, vocab_size, block_size, n_seqs):
     Returns (tokens, where they came from)."""
     config = ckpt.get("config") or {}
     repo = os.path.dirname(os.path.abspath(__file__))
-    folders = [config.get("data_dir") or "", os.path.join(repo, "data", config["dataset"]) if config.get("dataset") else ""]
+    folders = [config.get("data_dir") or "",
+               os.path.join(repo, "data", config["dataset"]) if config.get("dataset") else ""]
     gen = torch.Generator().manual_seed(seed)
     for folder in filter(None, folders):
         path = os.path.join(folder, "val.bin")
@@ -117,7 +119,8 @@ def analysis(model):
             row["M"] = M.cpu()
             row["sigma_max"] = h["postmix_sigma_max"].item()
             row["offdiag_share"] = h["postmix_offdiag_share"].item()
-            row["intra_group_share"] = (off[same_group].pow(2).sum() / off_mass).item() if off_mass > 0 else float("nan")
+            row["intra_group_share"] = ((off[same_group].pow(2).sum() / off_mass).item() if off_mass > 0
+                                        else float("nan"))
         rows.append(row)
     return rows
 
@@ -128,11 +131,13 @@ def print_analysis(model, rows):
     chance = (group - 1) / max(1, c.n_attn_head - 1)  # intra-group share if off-diagonal mass were spread evenly
     print(f"per layer (premix: ||P_g - I||_F for the {c.n_kv_head} groups; postmix: M = I + V U^T over "
           f"{c.n_attn_head} heads, {group} per KV group; intra-group share by chance: {chance:.2f})")
-    print(f"{'layer':>5}  {'premix ||P_g - I||_F':<28}{'diverg.':>8}{'sig_max(VU^T)':>14}{'offdiag M':>10}{'intra-group':>12}")
+    print(f"{'layer':>5}  "
+          f"{'premix ||P_g - I||_F':<28}{'diverg.':>8}{'sig_max(VU^T)':>14}{'offdiag M':>10}{'intra-group':>12}")
     for i, row in enumerate(rows):
         dev = " ".join(f"{v:.3g}" for v in row["premix_dev"]) if "premix_dev" in row else "-"
         fmt = lambda key: f"{row[key]:.3g}" if key in row else "-"
-        print(f"{i:>5}  {dev:<28}{fmt('divergence'):>8}{fmt('sigma_max'):>14}{fmt('offdiag_share'):>10}{fmt('intra_group_share'):>12}")
+        print(f"{i:>5}  {dev:<28}{fmt('divergence'):>8}{fmt('sigma_max'):>14}"
+              f"{fmt('offdiag_share'):>10}{fmt('intra_group_share'):>12}")
 
 
 def save_plot(model, rows, path):
@@ -153,7 +158,8 @@ def save_plot(model, rows, path):
             for edge in range(group, c.n_attn_head, group):  # KV group boundaries
                 ax.axhline(edge - 0.5, color="k", lw=1)
                 ax.axvline(edge - 0.5, color="k", lw=1)
-            ax.set_title(f"layer {i}: M = I + V U^T\noffdiag {row['offdiag_share']:.3f}, intra {row['intra_group_share']:.2f}", fontsize=9)
+            ax.set_title(f"layer {i}: M = I + V U^T\noffdiag {row['offdiag_share']:.3f}, "
+                         f"intra {row['intra_group_share']:.2f}", fontsize=9)
             ax.set_xlabel("input head h")
             ax.set_ylabel("output head j")
             fig.colorbar(im, ax=ax, fraction=0.046)
@@ -191,11 +197,12 @@ def check_args(src, dst):
 def check_model(src, c, meta):
     """Why this checkpoint cannot be folded (or exported as asked), in one line, or None."""
     if c.attn in ("mla", "mfa"):
-        return (f"nothing to fold: {src} is {c.attn.upper()} (attn={c.attn!r}), which has no premix or postmix; only VHA "
-                f"checkpoints fold, and the exports write Qwen3, which has no {c.attn.upper()} attention")
+        return (f"nothing to fold: {src} is {c.attn.upper()} (attn={c.attn!r}), which has no premix or postmix; "
+                f"only VHA checkpoints fold, and the exports write Qwen3, which has no {c.attn.upper()} attention")
     if c.attn == "gqa" and not (export_hf or export_gguf):
         return (f"nothing to fold: {src} is already a plain {'MHA' if c.n_head == c.n_kv_head else 'GQA'} model "
-                f"(attn='gqa'); only VHA checkpoints fold (it can still be exported with --export_hf=DIR or --export_gguf=FILE)")
+                f"(attn='gqa'); only VHA checkpoints fold "
+                "(it can still be exported with --export_hf=DIR or --export_gguf=FILE)")
     if c.attn == "gqa" and plot:
         return f"--plot shows premix/postmix, and {src} is plain GQA (attn='gqa'): there is nothing to plot"
     if c.has_postmix and c.vha_postmix_act != "linear":
@@ -263,13 +270,15 @@ def hf_check(model, folder, meta, tokens):
     try:
         import transformers
     except ImportError:
-        print("transformers check: skipped (pip install -r requirements-dev.txt to run the export in transformers here)")
+        print("transformers check: skipped "
+              "(pip install -r requirements-dev.txt to run the export in transformers here)")
         return
     worst, scale, diverged, same_text = hf_compare(folder, model, meta, tokens[0].tolist(), gen_tokens)
     same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
     text = "" if same_text is None else f"; greedy text {'equal to' if same_text else 'DIFFERENT from'} sample.py's"
     print(f"transformers check (transformers {transformers.__version__}): |logit diff| max {worst:.2e} at logit scale "
-          f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; greedy {gen_tokens} tokens: {same}{text}")
+          f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; "
+          f"greedy {gen_tokens} tokens: {same}{text}")
 
 
 def export(model, deployed, ckpt, src, tokens):
@@ -292,7 +301,8 @@ def export(model, deployed, ckpt, src, tokens):
         print(f"exported GGUF (qwen3, {gguf_dtype}) to {export_gguf} ({os.path.getsize(export_gguf) / 1e6:.1f} MB): "
               f"llama_cpp.Llama(model_path={export_gguf!r})" + (f"\nnote: {note}" if note else ""))
         if llamacpp.version() is None:
-            print("llama.cpp check: skipped (pip install -r requirements-llamacpp.txt to run the file in llama.cpp here)")
+            print("llama.cpp check: skipped "
+                  "(pip install -r requirements-llamacpp.txt to run the file in llama.cpp here)")
             return
         worst, scale, diverged = llamacpp.compare(export_gguf, model, tokens[0].tolist(), gen_tokens)
         same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
@@ -318,7 +328,8 @@ def main(argv):
     if problem := check_model(src, c, ckpt.get("meta")):
         sys.exit(f"error: {problem}")
     if c.attn == "gqa":
-        print(f"{src} is already plain GQA (n_head={c.n_head}, n_kv_head={c.n_kv_head}): nothing to fold, exporting it as is")
+        print(f"{src} is already plain GQA (n_head={c.n_head}, n_kv_head={c.n_kv_head}): nothing to fold, "
+              "exporting it as is")
         deployed, tokens = model, proof_tokens(ckpt, c.vocab_size, c.block_size, 1)[0]
     else:
         deployed, tokens = fold_and_prove(model, ckpt, src, dst)

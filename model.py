@@ -184,7 +184,7 @@ class Attention(nn.Module):
         flat = a.reshape(B, H, T * d)  # (B, H, T*d)
         z = self.postmix_U.t() @ flat  # (B, r, T*d): heads contracted to rank r
         if self.cfg.vha_postmix_act == "silu":
-            z = F.silu(z)  # the paper's nonlinear ablation: no longer foldable
+            z = F.silu(z)  # the paper's nonlinear ablation: not foldable
         delta = (self.postmix_V @ z).view(B, H, T, d)  # (B, H, T, d)
         if self.record_postmix:
             ratio = delta.float().norm(dim=(1, 3)) / a.float().norm(dim=(1, 3)).clamp_min(1e-12)  # (B, T)

@@ -3,14 +3,14 @@ The recall KV-budget sweep: token-level multi-query associative recall (data/rec
 models that differ only in their attention (MHA, GQA-4, GQA-2, MQA, VHA and its ablations, MLA, MFA), every
 variant with the same steps, batches, schedule and seeds, compared seed by seed (paired differences).
 
-    python sweep.py                # 10 variants x 2 points x 10 seeds = 200 runs of <= 1500 steps, 2 at a time:
-                                   #   about 90 min on the 2-core CPU (runs stop once 99% of the held-out answers
-                                       are right)
-    python sweep.py --quick        # 4 variants x 2 points x 2 seeds: a pipeline check (about 6 min)
+    python sweep.py                # 10 variants x 2 points x 10 seeds = 200 runs of <= 1500 steps, 2 at a time
+                                   #   (a run stops once 99% of the held-out answers are right)
+    python sweep.py --quick        # 4 variants x 2 points x 2 seeds: a pipeline check
     python sweep.py report         # rebuild sweep.md, sweep.json, sweep.csv and sweep.png from the finished runs
     python sweep.py robust         # the recipe under small changes (level rounding, ramp length, data stream, init
-                                   #   not shared): MHA/GQA-4/GQA-2 x 5 seeds each, about 35 min; then its report
+                                   #   not shared): MHA/GQA-4/GQA-2 x 5 seeds each; then its report
     python sweep.py robust-report  # rebuild robust.md
+    (how long each takes, on which CPU: docs/recall.md)
 
 The primary measure is learning speed: steps to 50/90/99% held-out accuracy (interpolated between the evals, every
 25 steps) and the area under the accuracy curve; final accuracy and success (>= 90%) are reported too, for points
@@ -233,7 +233,7 @@ def area(curve, iters):
 
 
 def measures(r):
-    """A result's numbers, from its stored curve (so folders written by older versions report the same way)."""
+    """A result's numbers, from its stored curve (the one source of every measure)."""
     out = {f"steps_to_{round(lv * 100)}": steps_to(r["curve"], lv, r["iters"]) for lv in LEVELS}
     return dict(out, auc=area(r["curve"], r["iters"]), acc=r["acc"])
 
@@ -257,6 +257,35 @@ def paired_line(A, B, key, scale, digits):
     stat = paired({s: r[key] for s, r in A.items()}, {s: r[key] for s, r in B.items()})
     text = fmt_paired(*stat, scale=scale, digits=digits)
     return (f"**{text}**" if stat[4] else text), (f"{2 * stat[2] * scale:.{digits}f}" if stat[0] > 1 else "-")
+
+
+def paired_section(at, points, th):
+    """sweep.md's paired comparisons: at(point, variant) -> {seed: result}; th: the success threshold."""
+    lines = ["## Paired comparisons", "",
+              "Δ = first minus second over the seeds both ran, mean ± SE (|t| in SE, n seeds). **Bold**: the paired "
+              "t-test rejects 'no difference' at 5%. MDE: the smallest difference these seeds resolve at 2 SE. Fewer "
+              "steps and a larger AUC are better. 'Seeds both learned': only the seeds where both variants succeeded "
+              "(how fast, given that they learn; how often they learn is the success column). Success: seeds where "
+              f"only the first / only the second reached {th:.0%}, exact McNemar p.", "",
+              "| comparison | point | Δ steps to 90% | MDE | Δ steps to 90%, seeds both learned | MDE | Δ AUC (points) "
+              "| MDE | Δ final accuracy (points) | success: only first / only second (p) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for a, b in COMPARISONS:
+        for p in points:
+            A, B = at(p, a), at(p, b)
+            if A and B:
+                steps, steps_mde = paired_line(A, B, "steps_to_90", 1, 0)
+                # learning speed given success
+                both = [x for x in set(A) & set(B) if min(A[x]["acc"], B[x]["acc"]) >= th]
+                learned, learned_mde = paired_line({x: A[x] for x in both}, {x: B[x] for x in both},
+                                                   "steps_to_90", 1, 0)
+                auc, auc_mde = paired_line(A, B, "auc", 100, 1)
+                acc, _ = paired_line(A, B, "acc", 100, 1)
+                only_a, only_b, pv = mcnemar({s: r["acc"] >= th for s, r in A.items()},
+                                             {s: r["acc"] >= th for s, r in B.items()})
+                lines.append(f"| {a} vs {b} | {p} | {steps} | {steps_mde} | {learned} | {learned_mde} | {auc} | "
+                             f"{auc_mde} | {acc} | {only_a} / {only_b} (p = {pv:.3g}) |")
+    return lines
 
 
 def cmd_report(cfg):
@@ -295,30 +324,7 @@ def cmd_report(cfg):
                              + f" | {fmt([r['auc'] for r in g], 100, 1, 'se')} | "
                                f"{fmt([r['acc'] for r in g], 100, 1, 'se')} |")
         lines.append("")
-    lines += ["## Paired comparisons", "",
-              "Δ = first minus second over the seeds both ran, mean ± SE (|t| in SE, n seeds). **Bold**: the paired "
-              "t-test rejects 'no difference' at 5%. MDE: the smallest difference these seeds resolve at 2 SE. Fewer "
-              "steps and a larger AUC are better. 'Seeds both learned': only the seeds where both variants succeeded "
-              "(how fast, given that they learn; how often they learn is the success column). Success: seeds where "
-              f"only the first / only the second reached {th:.0%}, exact McNemar p.", "",
-              "| comparison | point | Δ steps to 90% | MDE | Δ steps to 90%, seeds both learned | MDE | Δ AUC (points) "
-              "| MDE | Δ final accuracy (points) | success: only first / only second (p) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-    for a, b in COMPARISONS:
-        for p in points:
-            A, B = at(p, a), at(p, b)
-            if A and B:
-                steps, steps_mde = paired_line(A, B, "steps_to_90", 1, 0)
-                # learning speed given success
-                both = [x for x in set(A) & set(B) if min(A[x]["acc"], B[x]["acc"]) >= th]
-                learned, learned_mde = paired_line({x: A[x] for x in both}, {x: B[x] for x in both},
-                                                   "steps_to_90", 1, 0)
-                auc, auc_mde = paired_line(A, B, "auc", 100, 1)
-                acc, _ = paired_line(A, B, "acc", 100, 1)
-                only_a, only_b, pv = mcnemar({s: r["acc"] >= th for s, r in A.items()},
-                                             {s: r["acc"] >= th for s, r in B.items()})
-                lines.append(f"| {a} vs {b} | {p} | {steps} | {steps_mde} | {learned} | {learned_mde} | {auc} | "
-                             f"{auc_mde} | {acc} | {only_a} / {only_b} (p = {pv:.3g}) |")
+    lines += paired_section(at, points, th)
     folds = [r for r in rows if "acc_folded" in r]
     if folds:
         gap = max(abs(r["acc_folded"] - r["acc_unfolded"]) for r in folds)

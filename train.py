@@ -41,8 +41,10 @@ log_interval = 10
 eval_iters = 20
 eval_only = False
 always_save_checkpoint = True  # False: only save when val loss improves
-write_checkpoint = True  # False: never write out_dir/ckpt.pt (smoke runs, benchmarks); not "save_checkpoint": that is checkpoint.py's function
-init_from = "scratch"  # "scratch", "resume" (from out_dir/ckpt.pt), or a checkpoint / Qwen3 folder to start a new run from
+write_checkpoint = True  # False: never write out_dir/ckpt.pt (smoke runs, benchmarks); not "save_checkpoint":
+# that is checkpoint.py's function
+init_from = "scratch"  # "scratch", "resume" (from out_dir/ckpt.pt),
+# or a checkpoint / Qwen3 folder to start a new run from
 seed = 1337
 wandb_log = False
 wandb_project = "nanovha"
@@ -50,9 +52,10 @@ wandb_run_name = "run"
 # data
 dataset = "shakespeare_char"
 data_dir = ""  # default: data/<dataset>; prepared there on first use
-curriculum_iters = 0  # row datasets (data/recall): difficulty ramps to full over these iterations; 0: full from the start
-curriculum_mode = "ramp"  # ramp: all rows at the ramp's (rounded) level; floor: rounded down; mix: rows uniform from the easiest up
-# to it (mix_floor: up to the rounded-down level)
+curriculum_iters = 0  # row datasets (data/recall): difficulty ramps to full over these iterations;
+# 0: full from the start
+curriculum_mode = "ramp"  # ramp: all rows at the ramp's (rounded) level; floor: rounded down;
+# mix: rows uniform from the easiest up to it (mix_floor: up to the rounded-down level)
 data_stream = 0  # another integer: other training batches for the same seed (and the same init)
 stop_at_acc = 0.0  # row datasets: stop after the first eval whose held-out accuracy reaches this (0: never)
 paired_init = True  # False: the init seed also depends on the model's shape, so variants of one seed share no weights
@@ -96,16 +99,19 @@ lr_decay_iters = None  # default max_iters
 min_lr = None  # default learning_rate / 10
 # system
 device = "auto"  # auto picks cuda, then mps, then cpu; or "cpu", "cuda", "cuda:1", "mps"
-dtype = "auto"  # auto: CUDA bf16 autocast (fp16 on old GPUs); a CPU times fp32 against bf16 (where native), keeps the faster
+dtype = "auto"  # auto: CUDA bf16 autocast (fp16 on old GPUs);
+# a CPU times fp32 against bf16 (where native), keeps the faster
 compile = None  # None: on for CUDA, off elsewhere (it costs 20-35 s on CPU)
 ddp_timeout = 600  # DDP: seconds a process waits for the others in a collective (a hung peer) before it stops
 # -----------------------------------------------------------------------------
 defaults = flat_defaults(globals())
-optional = {"head_dim": int, "mlp_hidden": int, "vha_postmix_rank": int, "lr_decay_iters": int, "min_lr": float, "compile": bool}
+optional = {"head_dim": int, "mlp_hidden": int, "vha_postmix_rank": int, "lr_decay_iters": int, "min_lr": float,
+            "compile": bool}
 config = settings(defaults, sys.argv[1:], optional)  # device "auto" -> what this machine has
 globals().update(config)
 # -----------------------------------------------------------------------------
-model_fields = [f.name for f in dataclasses.fields(GPTConfig) if f.name in config]  # the knobs above that GPTConfig takes
+# the knobs above that GPTConfig takes
+model_fields = [f.name for f in dataclasses.fields(GPTConfig) if f.name in config]
 if lr_decay_iters is None:
     lr_decay_iters = max_iters
 if min_lr is None:
@@ -173,7 +179,8 @@ if init_from != "scratch":  # read the checkpoint first: a bad one fails before 
         saved_iter = iter_num
 if teacher:  # the teacher's logits on the same batches, in eval mode without gradients
     try:
-        teacher_model, teacher_meta = load_teacher(teacher, device, torch.float64 if dtype == "float64" else torch.float32)
+        teacher_model, teacher_meta = load_teacher(teacher, device,
+                                                   torch.float64 if dtype == "float64" else torch.float32)
     except (FileNotFoundError, ImportError, ValueError) as e:
         sys.exit(f"error: cannot load teacher={teacher}: {e}")
 
@@ -181,7 +188,8 @@ if teacher:  # the teacher's logits on the same batches, in eval mode without gr
 data_dir = data_dir or os.path.join(DATA_ROOT, dataset)
 try:
     if master:
-        models = [(ckpt and ckpt.get("meta"), f"the checkpoint {init_from}"), (teacher and teacher_meta, f"the teacher {teacher}")]
+        models = [(ckpt and ckpt.get("meta"), f"the checkpoint {init_from}"),
+                  (teacher and teacher_meta, f"the teacher {teacher}")]
         prepare_if_missing(data_dir, dataset, models)
     if ddp:
         torch.distributed.barrier()
@@ -216,7 +224,8 @@ if teacher:
     stop_if(teacher_problem(teacher_model, teacher_meta, teacher, meta, data_dir, data.seq_len))
 if ckpt is not None:
     fix = "resume with the dataset it was trained on" if resuming else TOKENIZER_FIX
-    stop_if(vocab_mismatch(ckpt.get("meta"), "the checkpoint" if resuming else f"the checkpoint {init_from}", meta, data_dir, fix))
+    stop_if(vocab_mismatch(ckpt.get("meta"), "the checkpoint" if resuming else f"the checkpoint {init_from}", meta,
+                           data_dir, fix))
     n_params = model.num_params()
 else:
     model_args = dict({k: config[k] for k in model_fields}, vocab_size=vocab_size)
@@ -224,14 +233,16 @@ else:
         n_params = GPT(GPTConfig(**model_args)).num_params()
 if master and write_checkpoint:
     stop_if(disk_problem(out_dir, n_params))
-if init_from == "scratch":  # paired_init: GPT draws its init seed first, so every variant of one seed starts from the same blocks
+# paired_init: GPT draws its init seed first, so every variant of one seed starts from the same blocks
+if init_from == "scratch":
     torch.manual_seed(seed if paired_init else seed + zlib.crc32(repr(sorted(model_args.items())).encode()))
     model = GPT(GPTConfig(**model_args))
 model.to(device, dtype=torch.float64 if dtype == "float64" else torch.float32)
 # dtype "auto": on a CPU the faster of float32 and bf16 autocast on this model and batch (hardware.py); a resumed run
 # keeps the dtype it trained in, so it stays exact; under DDP every process takes rank 0's choice
 if dtype == "auto" and resuming and ckpt.get("dtype"):
-    dtype, dtype_reason = ckpt["dtype"], f"{ckpt['dtype']}: the dtype this run trained in (resumed; --dtype=... changes it)"
+    dtype, dtype_reason = (ckpt["dtype"],
+                           f"{ckpt['dtype']}: the dtype this run trained in (resumed; --dtype=... changes it)")
 else:
     probe_batch = get_batch("train", torch.Generator().manual_seed(seed + 4))
     dtype, dtype_reason = choose_dtype(device_type, dtype, training_step(model, *probe_batch))
@@ -328,20 +339,23 @@ def diverged(what, value):
     """Stops every process without saving: the checkpoint on disk is the last one whose losses were finite."""
     fix = "lower --learning_rate" + (", set --grad_clip=1.0" if not grad_clip else "") + " or raise --warmup_iters" + (
         "; or use bfloat16/float32 (float16 overflows)" if dtype == "float16" else "")
-    sys.exit(f"error: {what} is {value} at iteration {iter_num}: the run diverged and stopped; {kept(saved_iter)}. To fix: {fix}"
-             if master else 1)
+    sys.exit(f"error: {what} is {value} at iteration {iter_num}: the run diverged and stopped; {kept(saved_iter)}. "
+             f"To fix: {fix}" if master else 1)
 
 
 def save(it, elapsed):
-    state = [*raw_model.parameters(), *(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))]
+    state = [*raw_model.parameters(),
+             *(t for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t))]
     if not all(t.isfinite().all() for t in state):  # finite losses, yet overflowed weights or Adam moments
         diverged("a weight or Adam moment", "inf or nan")
     try:  # temp file + fsync + rename: a crash here leaves the previous checkpoint intact
-        save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(),
-                         "model_args": model_args, "iter_num": it, "best_val_loss": best_val_loss, "config": config,
-                         "meta": meta, "elapsed": elapsed, "dtype": dtype, "kind": "nanovha"}, ckpt_path)
+        save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
+                         "scaler": scaler.state_dict(), "model_args": model_args, "iter_num": it,
+                         "best_val_loss": best_val_loss, "config": config, "meta": meta, "elapsed": elapsed,
+                         "dtype": dtype, "kind": "nanovha"}, ckpt_path)
     except (OSError, RuntimeError) as e:
-        sys.exit(f"error: writing the checkpoint of iteration {it} failed, is the disk full? ({str(e).splitlines()[0]}); "
+        sys.exit(f"error: writing the checkpoint of iteration {it} failed, is the disk full? "
+                 f"({str(e).splitlines()[0]}); "
                  f"{kept(saved_iter)}: free some space, then continue with --init_from=resume")
     if ddp:  # for the message of a survivor if this process dies
         watch.checkpoint_written(it)
@@ -373,16 +387,19 @@ while True:
         if master:
             elapsed = time.time() - t_start
             row = {"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"], "time": elapsed,
-                   "tokens": iter_num * tokens_per_iter, **{k: losses[k] for k in ("val_acc", "val_exact") if k in losses},
+                   "tokens": iter_num * tokens_per_iter,
+                   **{k: losses[k] for k in ("val_acc", "val_exact") if k in losses},
                    **({"difficulty": data.level(difficulty(iter_num))} if row_spec else {}),
-                   **vha_health(raw_model, health_batch), **(compile_counters() if compile else {}), **({"stopped": True} if stop_now else {})}
+                   **vha_health(raw_model, health_batch), **(compile_counters() if compile else {}),
+                   **({"stopped": True} if stop_now else {})}
             log(row)
             say(f"step {iter_num}: train {losses['train']:.4f}, val {losses['val']:.4f}"
                 + (f", val acc {losses['val_acc']:.1%}" if row_spec else "") + f", {elapsed:.0f}s"
                 + "".join(f", {k} {v:.3g}" for k, v in row.items() if k.startswith(("premix", "postmix"))))
             if losses["val"] < best_val_loss or always_save_checkpoint or stop_now:
                 best_val_loss = min(best_val_loss, losses["val"])
-                if iter_num > 0 and iter_num != saved_iter and not eval_only and write_checkpoint:  # not again after a resume
+                # not again after a resume
+                if iter_num > 0 and iter_num != saved_iter and not eval_only and write_checkpoint:
                     save(iter_num, elapsed)
                     saved_iter = iter_num
     if eval_only or iter_num >= max_iters or stop_now:
@@ -404,7 +421,8 @@ while True:
             teacher_s += seconds
         with autocast:
             logits, loss = model(x, None if teacher else y)
-            loss = (kd_loss(logits, teacher_logits, y, distill_temperature, distill_alpha) if teacher else loss) / accum_per_rank
+            loss = (kd_loss(logits, teacher_logits, y, distill_temperature, distill_alpha) if teacher
+                    else loss) / accum_per_rank
         scaler.scale(loss).backward()
         loss_sum += loss.detach()
     if freezing:
@@ -423,13 +441,14 @@ while True:
     iters_since += 1
     if master and (iter_num % log_interval == 0 or iter_num == max_iters - 1):
         dt = (time.time() - t_last) / iters_since
-        row = {"iter": iter_num, "loss": loss_value, "lr": lr, "tok_per_s": tokens_per_iter / dt, "time": time.time() - t_start,
-               **({"teacher_share": teacher_s / (dt * iters_since)} if teacher else {})}
+        row = {"iter": iter_num, "loss": loss_value, "lr": lr, "tok_per_s": tokens_per_iter / dt,
+               "time": time.time() - t_start, **({"teacher_share": teacher_s / (dt * iters_since)} if teacher else {})}
         t_last, iters_since, teacher_s = time.time(), 0, 0.0
         if peak:
             row["mfu"] = flops_per_iter / dt / (peak * world_size)
         log(row)
-        stats = f"loss {loss_value:.4f}, {row['tok_per_s']:.0f} tok/s" + "".join(f", {k} {row[k]:.1%}" for k in ("mfu", "teacher_share") if k in row)
+        stats = (f"loss {loss_value:.4f}, {row['tok_per_s']:.0f} tok/s"
+                 + "".join(f", {k} {row[k]:.1%}" for k in ("mfu", "teacher_share") if k in row))
         if use_bar:
             bar.set_postfix_str(stats)
         else:

@@ -1,10 +1,10 @@
 """
-The conversion comparison (issue 19, item 4) at demo scale: from a trained GQA model with 4x the cache, which
+The conversion comparison at demo scale: from a trained GQA model with 4x the cache, which
 smaller-cache model is better after a short warm-up, VHA (convert.py's premix fit) or GQA uptraining (mean-pooled
 KV heads), and does the warmed VHA reach a VHA trained from scratch on the full budget?
 
     python uptrain.py --jobs=2 --threads=1   # the comparison: teacher 1200 iters, 6 warm-ups x 5 seeds (120 iters; the
-                                             # two *_long 600), 4 scratch baselines x 5 seeds: about 95 min (below)
+                                             # two *_long 600), 4 scratch baselines x 5 seeds
     python uptrain.py --quick         # teacher 300 iters, 2 seeds, context 128: a pipeline check
     python uptrain.py --smoke         # a tiny model, 30 teacher iters, 2 seeds: the test's pipeline
     python uptrain.py report          # rebuild report.md and results.json from the finished runs
@@ -22,11 +22,8 @@ The pipeline (every run resumes and is skipped once done, experiments.py):
   4. from scratch, the same seeds: VHA (the demo) and same-deploy GQA (config/ablations/gqa_same_deploy.py), at the
      teacher's budget and at the warm-up budget, the demo's schedule scaled to the budget.
 
-Measured on a 2-core AMD EPYC (Zen 5, native bf16: dtype auto ran bf16 autocast), torch 2.13.0: the teacher 345 s
-(run alone with --threads=2; under --threads=1 it gets one core), then --jobs=2 --threads=1: 88 min for the 55 runs
-(a 1200-iteration scratch run about 455 s, a 120-iteration warm-up 70 s, 80 s distilled, a 600-iteration distilled
-one 290 s), about 95 min in all; an AVX2-only CPU runs fp32 (the demo: 398 s there against 323 s here), so expect
-about 2 h there (not measured). The results and what they say: docs/convert.md, "The comparison".
+The teacher runs alone with --threads=2 (under --threads=1 it would get one core), the rest --jobs=2 --threads=1.
+The results, what they say and how long they took on which CPU: docs/convert.md, "The comparison".
 Any knob below can be overridden with --key=value after the size preset.
 """
 import os
@@ -198,7 +195,7 @@ def run_path(cfg, variant, seed):
 
 def fold_and_export(cfg):
     """fold.py on the first seed's distilled VHA warm-up: the GQA 8Q/2KV it deploys as, exported as a Hugging Face
-    folder that fold.py then runs in transformers (logits, greedy text). Seconds, so redone every time."""
+    folder that fold.py then runs in transformers (logits, greedy text). Cheap, so redone every time."""
     out = os.path.join(cfg["root"], "deployed")
     os.makedirs(out, exist_ok=True)
     log = os.path.join(out, "fold.out")

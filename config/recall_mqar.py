@@ -3,8 +3,7 @@
 # Rows: 16 key-value pairs, then the 16 keys again: T = 3 x 16 + 1 = 49 tokens, loss on the 16 answers.
 # 2 layers, width 64, 8 heads of dim 8. MHA KV cache: 2 layers x 2 (K, V) x 8 heads x 8 = 256 values/token.
 # Budget: 1500 steps x 32 rows = 48,000 rows; the number of pairs ramps 2 -> 16 over the first 750 steps, and
-# every batch keeps rows from 2 pairs up to the current level ("mix"): with all rows at the ramp's level the
-# lookup circuit formed or not depending on half a level in the first 50 steps (docs/recall.md).
+# every batch keeps rows from 2 pairs up to the current level ("mix"; why: docs/recall.md).
 out_dir = "out-recall-mqar"
 dataset = "recall"  # python data/recall/prepare.py writes the default MQAR spec there (or pass --data_dir)
 
@@ -14,7 +13,7 @@ n_head = 8
 n_kv_head = 8
 head_dim = 8
 attn = "gqa"
-rope_theta = 1e4  # MHA, 128 keys, seed 100: 90% by step ~450 with 1e4, ~500 with 1e6 (docs/recall.md)
+rope_theta = 1e4  # short rows: the recipe's choice (docs/recall.md)
 
 block_size = 49
 batch_size = 32
@@ -28,4 +27,4 @@ min_lr = 1e-4
 eval_interval = 25  # held-out accuracy every 25 steps: steps to 50/90/99% are interpolated between evals
 eval_iters = 1  # train loss on 1 batch at full difficulty; val: data/recall's held-out rows
 log_interval = 100
-dtype = "float32"  # bf16 autocast is slower than fp32 at width 64 on CPU
+dtype = "float32"  # every run of a sweep in one dtype, whatever the CPU ("auto" would time it per run)

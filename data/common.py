@@ -1,7 +1,7 @@
 """
 Shared data helpers: pinned downloads, tokenizers, the .bin writer. A dataset is a folder with train.bin,
 val.bin (flat token ids, read with np.memmap: uint16, or uint32 when the vocab has more than 65,536 ids, as
-meta["dtype"] says; folders written before it have no "dtype" and are uint16) and meta.pkl (how ids map back to
+meta["dtype"] says; a meta without "dtype" means uint16) and meta.pkl (how ids map back to
 text: load_tokenizer).
 """
 import hashlib
@@ -330,8 +330,8 @@ def bin_dtype(vocab_size):
 
 
 def read_bin(path, dtype=None):
-    """A dataset's .bin as a read-only memmap, in the dtype its meta.pkl records (beside it; none or no "dtype": uint16,
-    every folder written before uint32 bins)."""
+    """A dataset's .bin as a read-only memmap, in the dtype its meta.pkl records (beside it; none, or a meta without
+    "dtype": uint16)."""
     if dtype is None:
         meta_path = os.path.join(os.path.dirname(os.path.abspath(path)), "meta.pkl")
         if os.path.isfile(meta_path):

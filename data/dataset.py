@@ -80,7 +80,7 @@ class Dataset:
                     self.val_rows = (torch.from_numpy(f["x"].astype(np.int64)),
                                      torch.from_numpy(f["y"].astype(np.int64)))
             else:
-                dtype = self.meta.get("dtype") or "uint16"  # folders written before uint32 bins: uint16
+                dtype = self.meta.get("dtype") or "uint16"  # a meta without "dtype": uint16 ids
                 self.splits = {s: read_bin(os.path.join(data_dir, f"{s}.bin"), dtype) for s in ("train", "val")}
         except (OSError, ValueError, EOFError, KeyError, pickle.UnpicklingError) as e:
             raise ValueError(f"the dataset in {data_dir} is incomplete or corrupt ({type(e).__name__}: {e}); run its "

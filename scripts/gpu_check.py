@@ -6,14 +6,16 @@ The one prepared GPU check, on one H100/H200, in four sections; each can run as 
     python scripts/gpu_check.py --sections=decode                # ~1.5-3 min (estimate)
     python scripts/gpu_check.py                                  # all four in one command: ~5-8 min (estimate)
     python scripts/gpu_check.py --sections=smoke --data_dir=data/fineweb_edu   # smoke on real text, not random tokens
-    python scripts/gpu_check.py --dry_run=True                   # every section at toy size on the CPU (the tests run it)
+    python scripts/gpu_check.py --dry_run=True                   # every section at toy size on the CPU (tests run it)
 
 1. correctness, float32 and bfloat16: cached decode == the uncached forward, folded VHA == unfolded
 2. kernels: the SDPA backend (from the profiler) of the GQA and VHA training steps in float32 and bf16 autocast, and of
    every decode variant's prefill, eager decode step and CUDA-graph decode step in the bench's dtype. FAIL if a
    training or prefill step takes the math path; a step forced onto the math path checks that the detector sees it
-3. smoke: config/fineweb/vha.py + config/fineweb/smoke.py (compile + bf16) for smoke_iters: tokens/s, MFU, loss; no checkpoint
-4. decode: bench_decode.py in bf16 at 8K-128K: eager for every variant, CUDA graphs for folded VHA at the largest context.
+3. smoke: config/fineweb/vha.py + config/fineweb/smoke.py (compile + bf16) for smoke_iters: tokens/s, MFU, loss; no
+   checkpoint
+4. decode: bench_decode.py in bf16 at 8K-128K: eager for every variant, CUDA graphs for folded VHA at the largest
+   context.
    Batch 1 of this 6 x 512 model is launch-bound: in bf16 a step reads 36 MB of weights + 50 MB of K/V at 32K (26 us at
    70% of 4.8 TB/s; 201 MB of K/V at 128K), while its ~60-150 kernels take a few hundred us even in a CUDA graph (an
    estimate; the report prints the measured floor). So the 70%-of-HBM target is judged on the KV part:
@@ -57,7 +59,7 @@ from model import GPT, GPTConfig, fold_to_gqa  # noqa: E402
 # -----------------------------------------------------------------------------
 dry_run = False  # CPU, toy sizes: checks that every step of this script runs
 sections = "correctness,kernels,smoke,decode"  # any of them, comma-separated, run in this order
-data_dir = ""  # smoke data; "": random GPT-2 tokens (speed does not depend on the text; the loss then stays near ln 50257)
+data_dir = ""  # smoke data; "": random GPT-2 tokens (speed ignores the text; the loss then stays near ln 50257)
 smoke_iters = 200  # config/fineweb/smoke.py has 300: the MFU is a median over steady steps either way
 contexts = "8192,32768,131072"  # decode contexts; CUDA graphs only at the largest (each compile takes a while)
 decode_variants = "mha,gqa8,gqa2,vha_folded"  # mha, mqa, gqaN, vha_folded
@@ -140,7 +142,8 @@ def check_correctness():
             d_cache = (cached - full[:, 31:63]).abs().max().item() / scale
             d_fold = (b(idx)[0] - full).abs().max().item() / scale
         ok = d_cache <= tol[dtype] and d_fold <= tol[dtype]
-        say(f"{str(dtype)[6:]:8s} cached {d_cache:.1e}, folded {d_fold:.1e} (tolerance {tol[dtype]:.0e})  {'PASS' if ok else 'FAIL'}")
+        say(f"{str(dtype)[6:]:8s} cached {d_cache:.1e}, folded {d_fold:.1e} (tolerance {tol[dtype]:.0e})  "
+            f"{'PASS' if ok else 'FAIL'}")
 
 
 # ---- 2. SDPA kernels ----
@@ -153,9 +156,11 @@ def decode_model(variant, **shape):
 
 
 def check_kernels():
-    section(f"2. SDPA kernels (profiler): training steps, and each decode variant's prefill and decode steps in {bench_dtype}")
+    section(f"2. SDPA kernels (profiler): training steps, and each decode variant's prefill and decode steps in "
+            f"{bench_dtype}")
     failed = []
-    train_shape = dict(vocab_size=512, block_size=1024, n_layer=1, n_embd=256 if dry_run else 768, n_head=16, head_dim=64)
+    train_shape = dict(vocab_size=512, block_size=1024, n_layer=1, n_embd=256 if dry_run else 768, n_head=16,
+                       head_dim=64)
     x = torch.randint(512, (2, 128 if dry_run else 1024), device=device)
 
     def train_step(model, dtype):
@@ -182,7 +187,8 @@ def check_kernels():
         token = prompt[:, :1]
         for label, step in ((f"prefill {length}", lambda: model.prefill(prompt)),
                             (f"decode step ({decode_impl})", lambda: model.decode_one_token(token, length)),
-                            ("static step (graph path)", lambda: model.decode_one_token(token, torch.tensor([length + 1], device=device)))):
+                            ("static step (graph path)",
+                             lambda: model.decode_one_token(token, torch.tensor([length + 1], device=device)))):
             try:
                 backends, ops = sdpa_backends(step)
                 line = describe(backends, ops)
@@ -196,8 +202,8 @@ def check_kernels():
     model = GPT(GPTConfig(**train_shape, n_kv_head=2)).to(device).train()
     with sdpa_kernel([SDPBackend.MATH]):
         backends, ops = sdpa_backends(lambda: train_step(model, torch.float32))
-    say(f"{'self-check: forced SDPBackend.MATH':32s} {describe(backends, ops)}  {'PASS' if backends == ['math'] else 'FAIL'}"
-        " (the detector sees the math path)")
+    say(f"{'self-check: forced SDPBackend.MATH':32s} {describe(backends, ops)}  "
+        f"{'PASS' if backends == ['math'] else 'FAIL'} (the detector sees the math path)")
     say("FAIL: the math path (or no SDPA) in " + ", ".join(failed) if failed else
         "no training or prefill step takes the math path  PASS")
 
@@ -210,16 +216,19 @@ def check_smoke():
     if not data:  # random GPT-2 tokens: the same work per step as text
         data = os.path.join(work, "random_tokens")
         rng = np.random.default_rng(0)
-        write_split(rng.integers(50257, size=2_000_000 if not dry_run else 20_000), rng.integers(50257, size=200_000 if not dry_run else 5_000),
-                    data, {"tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "source": "random tokens (gpu_check)"})
+        meta = {"tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "source": "random tokens (gpu_check)"}
+        write_split(rng.integers(50257, size=2_000_000 if not dry_run else 20_000),
+                    rng.integers(50257, size=200_000 if not dry_run else 5_000), data, meta)
     iters = [f"--max_iters={smoke_iters}", f"--lr_decay_iters={smoke_iters}"]
-    toy = ["--n_layer=1", "--n_embd=64", "--n_head=4", "--n_kv_head=2", "--head_dim=16", "--vha_postmix_rank=1", "--block_size=64",
-           "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=4", "--lr_decay_iters=4", "--warmup_iters=1",
-           "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--compile=False", "--dtype=float32", "--device=cpu"] if dry_run else []
+    toy = ["--n_layer=1", "--n_embd=64", "--n_head=4", "--n_kv_head=2", "--head_dim=16", "--vha_postmix_rank=1",
+           "--block_size=64", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=4",
+           "--lr_decay_iters=4", "--warmup_iters=1", "--eval_interval=2", "--eval_iters=1", "--log_interval=1",
+           "--compile=False", "--dtype=float32", "--device=cpu"] if dry_run else []
     out = os.path.join(work, "smoke")
     t0 = time.time()
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "config/fineweb/vha.py", "config/fineweb/smoke.py",
-                           f"--data_dir={data}", f"--out_dir={out}", "--write_checkpoint=False", *iters, *toy],
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "config/fineweb/vha.py",
+                           "config/fineweb/smoke.py", f"--data_dir={data}", f"--out_dir={out}",
+                           "--write_checkpoint=False", *iters, *toy],
                           cwd=ROOT, capture_output=True, text=True)
     if proc.returncode != 0:
         say(f"FAIL: train.py exited {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1]}")
@@ -230,9 +239,11 @@ def check_smoke():
     mfu = statistics.median(r["mfu"] for r in steps[1:] or steps) if "mfu" in steps[0] else None
     say(f"{steps[-1]['iter'] + 1} steps in {time.time() - t0:.0f} s wall; first step done at {steps[0]['time']:.0f} s "
         f"(compiling the eval and training graphs); checkpoint written: {os.path.exists(os.path.join(out, 'ckpt.pt'))}")
-    say(f"tokens/s {tok_s:,.0f} (median over logged steps after the first), MFU {f'{mfu:.1%}' if mfu else 'n/a (no known peak)'}"
+    say(f"tokens/s {tok_s:,.0f} (median over logged steps after the first), "
+        f"MFU {f'{mfu:.1%}' if mfu else 'n/a (no known peak)'}"
         + ("  target >= 40%: " + ("PASS" if mfu >= 0.4 else "FAIL") if mfu else ""))
-    say(f"val loss {evals[0]['val_loss']:.3f} -> {evals[-1]['val_loss']:.3f} (data: {'random tokens' if not data_dir else data_dir})")
+    say(f"val loss {evals[0]['val_loss']:.3f} -> {evals[-1]['val_loss']:.3f} "
+        f"(data: {'random tokens' if not data_dir else data_dir})")
 
 
 def decode_lines(result, compiled, hbm):
@@ -242,37 +253,48 @@ def decode_lines(result, compiled, hbm):
     for r in result["results"]:
         spec = f", {r['gb_s'] * 1e9 / hbm:.0%} of HBM spec" if hbm else ""
         ctx = f"{r['ctx'] // 1024}K" if r["ctx"] % 1024 == 0 else str(r["ctx"])
-        lines.append(f"  {r['variant']:10s} {ctx:>5s}  {r['decode_tok_s']:8.1f} tok/s  {r['gb_s']:7.1f} GB/s{spec}  TTFT {r['ttft_ms']:.1f} ms")
+        lines.append(f"  {r['variant']:10s} {r.get('runtime', ''):7s} {ctx:>5s}  {r['decode_tok_s']:8.1f} tok/s  "
+                     f"{r['gb_s']:7.1f} GB/s{spec}  TTFT {r['ttft_ms']:.1f} ms")
     ran = [r["ctx"] for r in result["results"]]
     top = 16384 if 16384 in ran else max(ran)  # where the bench computes its breakdown
-    lines.append(f"  the floor: the op-floor model (the same launches at head dim 2) {result['op_floor_ms']:.3f} ms/token; at context {top}:")
+    lines.append(f"  the floor: the op-floor model (the same launches at head dim 2) {result['op_floor_ms']:.3f} "
+                 f"ms/token; at context {top}:")
     for b in result["breakdown"]:
-        kv = f"{b['kv_gb_s']:.0f} GB/s" + (f" = {b['kv_gb_s'] * 1e9 / hbm:.0%} of HBM spec" if hbm else "") if b["kv_gb_s"] else "n/a (no slower than context 1)"
-        lines.append(f"  {b['variant']:10s} step {b['ms_top']:.3f} ms = context-1 step {b['ms_ctx1']:.3f} ms (launches + weights) "
-                     f"+ KV part {b['kv_ms']:.3f} ms: {kv}")
+        if b["kv_gb_s"]:
+            kv = f"{b['kv_gb_s']:.0f} GB/s" + (f" = {b['kv_gb_s'] * 1e9 / hbm:.0%} of HBM spec" if hbm else "")
+        else:
+            kv = "n/a (no slower than context 1)"
+        lines.append(f"  {b['variant']:10s} step {b['ms_top']:.3f} ms = context-1 step {b['ms_ctx1']:.3f} ms "
+                     f"(launches + weights) + KV part {b['kv_ms']:.3f} ms: {kv}")
     vha = next((b for b in result["breakdown"] if b["variant"] == "vha_folded"), None)
     if compiled and hbm and vha and top >= 32768:
         frac = vha["kv_gb_s"] * 1e9 / hbm if vha["kv_gb_s"] else 0.0
-        lines.append(f"target: folded VHA's KV part at {top // 1024}K with CUDA graphs, K/V bytes / (step - context-1 step), >= 70% of "
-                     f"HBM spec: {frac:.0%}  {'PASS' if frac >= 0.7 else 'FAIL'} (the context-1 floor is {vha['ms_ctx1']:.3f} of the "
-                     f"{vha['ms_top']:.3f} ms step)")
+        lines.append(f"target: folded VHA's KV part at {top // 1024}K with CUDA graphs, K/V bytes / (step - context-1 "
+                     f"step), >= 70% of HBM spec: {frac:.0%}  {'PASS' if frac >= 0.7 else 'FAIL'} "
+                     f"(the context-1 floor is {vha['ms_ctx1']:.3f} of the {vha['ms_top']:.3f} ms step)")
     return lines
 
 # ---- 4. decode ----
 def check_decode():
-    section(f"4. bench_decode.py, batch {decode_batch}, weights and cache in {bench_dtype}: GB/s = (weights + KV bytes per step) / time")
+    section(f"4. bench_decode.py, batch {decode_batch}, weights and cache in {bench_dtype}: "
+            f"GB/s = (weights + KV bytes per step) / time")
     ctxs = contexts.split(",") if not dry_run else ["256", "512"]
     for compiled, use, variants in ((False, ctxs, decode_variants), (True, ctxs[-1:], "vha_folded")):
-        args = [f"--contexts={','.join(use)}", f"--variants={variants}", f"--compile={compiled}", f"--device={device}",
+        args = [f"--contexts={','.join(use)}", f"--variants={variants}", f"--compile={'graphs' if compiled else 'off'}",
+                f"--device={device}", "--eager=False",
                 f"--dtype={bench_dtype}", f"--decode_impl={decode_impl}", f"--batch_size={decode_batch}",
                 "--llama_cpp=False"]  # llama.cpp rows are a CPU comparison, not part of the GPU check
         if dry_run:
-            args += ["--n_layer=1", "--n_embd=64", "--head_dim=16", "--decode_steps=3", "--warmup=1", "--copy_mib=16", "--compile=False"]
+            args += ["--n_layer=1", "--n_embd=64", "--head_dim=16", "--decode_steps=3", "--warmup=1", "--copy_mib=16",
+                     "--compile=off"]
         t0 = time.time()
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench_decode.py"), *args], cwd=ROOT, capture_output=True, text=True)
-        mode = ("CUDA graphs (compile, reduce-overhead)" if compiled else "eager") + (" [dry run: eager, toy size]" if dry_run else "")
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench_decode.py"), *args], cwd=ROOT,
+                              capture_output=True, text=True)
+        mode = "CUDA graphs (compile, reduce-overhead)" if compiled else "eager"
+        mode += " [dry run: eager, toy size]" if dry_run else ""
         if proc.returncode != 0:
-            say(f"{mode}: FAIL, bench_decode.py exited {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1]}")
+            last = (proc.stderr.strip().splitlines() or [''])[-1]
+            say(f"{mode}: FAIL, bench_decode.py exited {proc.returncode}: {last}")
             continue
         result = json.loads(proc.stdout.strip().splitlines()[-1])
         say(f"{mode}: {time.time() - t0:.0f} s wall; copy bandwidth measured {result['copy_gb_s']:.0f} GB/s")
@@ -284,7 +306,8 @@ if __name__ == "__main__":
     try:
         globals().update(configure({k: globals()[k] for k in KNOBS}, sys.argv[1:]))
         chosen = parse_sections(sections)
-        bad = [v for v in decode_variants.split(",") if v not in ("mha", "mqa", "vha_folded") and not (v[:3] == "gqa" and v[3:].isdigit())]
+        bad = [v for v in decode_variants.split(",")
+               if v not in ("mha", "mqa", "vha_folded") and not (v[:3] == "gqa" and v[3:].isdigit())]
         if bad or not decode_variants:
             raise ValueError(f"decode_variants: gpu_check knows mha, mqa, gqaN and vha_folded, got {decode_variants!r}")
     except (ConfigError, ValueError) as e:
@@ -292,12 +315,13 @@ if __name__ == "__main__":
     device = "cpu" if dry_run else "cuda"
     if not dry_run and not torch.cuda.is_available():
         sys.exit("error: no CUDA device: this is the GPU check (use --dry_run to check the script on a CPU)")
-    # decode as deployed: bf16 weights and cache with SDPA on CUDA; the dry run keeps the CPU's float32 and grouped decode
+    # decode as deployed: bf16 weights and cache with SDPA on CUDA; the dry run keeps the CPU's float32, grouped decode
     bench_dtype, decode_impl = ("bfloat16", "sdpa") if device == "cuda" else ("float32", "grouped")
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (dry run)"
     peak, hbm = gpu_spec(name) if device == "cuda" else (None, None)
     report.append(f"GPU check on {name}: torch {torch.__version__}, CUDA {torch.version.cuda}, "
-                  + (f"spec {peak / 1e12:.0f} TFLOP/s dense bf16, HBM {hbm / 1e12:.2f} TB/s" if hbm else "no spec-sheet figures")
+                  + (f"spec {peak / 1e12:.0f} TFLOP/s dense bf16, HBM {hbm / 1e12:.2f} TB/s" if hbm
+                     else "no spec-sheet figures")
                   + f"; sections {','.join(chosen)}")
     for s in chosen:
         t0 = time.time()

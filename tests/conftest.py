@@ -16,7 +16,8 @@ def tiny_text(n_chars=60_000, seed=0):
     rnd = random.Random(seed)
     lines = []
     while sum(map(len, lines)) < n_chars:
-        lines.append(rnd.choice(["ROMEO", "JULIET", "KING"]) + ":\n" + " ".join(rnd.choice(WORDS) for _ in range(12)) + "\n")
+        lines.append(rnd.choice(["ROMEO", "JULIET", "KING"]) + ":\n"
+                     + " ".join(rnd.choice(WORDS) for _ in range(12)) + "\n")
     return "\n".join(lines)
 
 
@@ -43,7 +44,8 @@ def run(script, *args, check=True, env=None, timeout=300):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, script), *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{script} {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(f"{script} {' '.join(map(str, args))} failed "
+                             f"({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 

@@ -77,14 +77,14 @@ def test_bad_input_is_a_one_line_error():
         ablate.parse_args(["--variants=vha,gqa_9x"])
     with pytest.raises(SystemExit, match="unknown command"):
         ablate.parse_args(["train"])
-    with pytest.raises(SystemExit, match="moved to sweep.py: python sweep.py report"):  # the old sweep command names the new one
-        ablate.parse_args(["sweep-report"])
+    with pytest.raises(SystemExit, match="unknown command 'sweep'"):  # the recall sweep is sweep.py's
+        ablate.parse_args(["sweep"])
 
 
 def fake(variant, seed, loss):
-    return {"variant": variant, "seed": seed, "args": [], "iters": 10, "block_size": 128, "tokens": 1000, "val_loss": loss,
-            "train_loss": loss, "curve": [[0, 4.0], [500, loss + 0.1], [1000, loss]], "params": 1, "flops_per_token": 6,
-            "kv_bytes_per_token": 512, "tok_per_s": 100.0, "train_s": 1.0, "wall_s": 2.0}
+    return {"variant": variant, "seed": seed, "args": [], "iters": 10, "block_size": 128, "tokens": 1000,
+            "val_loss": loss, "train_loss": loss, "curve": [[0, 4.0], [500, loss + 0.1], [1000, loss]], "params": 1,
+            "flops_per_token": 6, "kv_bytes_per_token": 512, "tok_per_s": 100.0, "train_s": 1.0, "wall_s": 2.0}
 
 
 def test_lm_report_verdicts_are_paired(tmp_path, monkeypatch):
@@ -96,12 +96,14 @@ def test_lm_report_verdicts_are_paired(tmp_path, monkeypatch):
     for v, (loss, noise) in numbers.items():
         for i in range(3):
             os.makedirs(tmp_path / "runs" / v / f"seed{i}")
-            (tmp_path / "runs" / v / f"seed{i}" / "result.json").write_text(json.dumps(fake(v, i, loss + seed_effect[i] + noise[i])))
+            (tmp_path / "runs" / v / f"seed{i}" / "result.json").write_text(
+                json.dumps(fake(v, i, loss + seed_effect[i] + noise[i])))
     _, cfg = ablate.parse_args(["report", f"--out_root={tmp_path}", "--variants=vha,gqa_same_deploy,gqa_4x_cache"])
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
     ablate.cmd_report(cfg)
     report = (tmp_path / "report.md").read_text()
-    row = lambda name: [c.strip() for c in next(line for line in report.splitlines() if line.startswith(f"| {name} |")).split("|")[1:-1]]
+    row = lambda name: [c.strip() for c in next(line for line in report.splitlines()
+                                                if line.startswith(f"| {name} |")).split("|")[1:-1]]
     cells = row("vha vs gqa_same_deploy")
     assert cells[1] == "+1.41" and cells[2].startswith("-0.0100 ± 0.0006") and cells[2].endswith("n=3)")
     assert cells[3] == "agrees, resolved"
@@ -116,5 +118,6 @@ def test_gpu_preset_runs_the_fineweb_twins():
         args = ablate.lm_args(cfg, v, 1337, "/tmp/x")
         files = ["config/fineweb/vha.py"] + ([] if v == "vha" else [f"config/fineweb/{v}.py"])
         assert args[:len(files)] == files and all(os.path.exists(os.path.join(experiments.ROOT, f)) for f in files)
-        assert "--dataset=fineweb_edu" in args and "--gradient_accumulation_steps=16" in args and "--block_size=1024" in args
+        assert ("--dataset=fineweb_edu" in args and "--gradient_accumulation_steps=16" in args
+                and "--block_size=1024" in args)
     assert ablate.tokens_per_run(cfg) == 4800 * 16 * 32 * 1024  # the budget config/fineweb/*.py state

@@ -17,9 +17,11 @@ from test_model import VARIANTS, make
 
 TINY = ["--n_layer=2", "--n_embd=32", "--n_head=4", "--head_dim=8", "--vha_kv_head=2", "--threads=1", "--warmup=1",
         "--device=cpu", "--seed=0"]
+# llama.cpp rows: tests/test_gguf.py; compiled: test_compiled_decode.py
 TINY_DECODE = TINY + ["--contexts=48,96", "--decode_steps=3", "--prefill_max=16", "--prefill_repeats=1", "--copy_mib=8",
-                      "--llama_cpp=False", "--compile=off"]  # llama.cpp rows: tests/test_gguf.py; compiled: test_compiled_decode.py
-PAPER = ["config/paper_1p7b_gqa8.py", "config/paper_1p7b_gqa2.py", "config/paper_1p7b_gqa_8q2kv.py", "config/paper_1p7b_vha.py"]
+                      "--llama_cpp=False", "--compile=off"]
+PAPER = ["config/paper_1p7b_gqa8.py", "config/paper_1p7b_gqa2.py", "config/paper_1p7b_gqa_8q2kv.py",
+         "config/paper_1p7b_vha.py"]
 
 
 def last_json(proc):
@@ -55,7 +57,8 @@ def test_rope_keeps_float64_angles():
         cos64, sin64 = rope_cos_sin(torch.arange(p, p + 1), d, theta, torch.float64)
         for start in (p, torch.tensor([p])):
             cos, sin = model.rope_at(start, 1, "cpu")
-            assert cos.dtype == torch.float32 and (cos.double() - cos64).abs().max() < 1e-7 and (sin.double() - sin64).abs().max() < 1e-7
+            assert (cos.dtype == torch.float32 and (cos.double() - cos64).abs().max() < 1e-7
+                    and (sin.double() - sin64).abs().max() < 1e-7)
     inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
     naive = (torch.tensor(100_000.0) * inv_freq).cos()  # float32 angles: the error float64 avoids
     assert (naive.double() - cos64[0, :d // 2]).abs().max() > 1e-5
@@ -93,12 +96,14 @@ def test_decode_benchmark_end_to_end(tmp_path):
     for key in ("kv_bytes_per_token", "kv_cache_mb", "ttft_ms", "prefill_tok_s", "decode_ms", "decode_tok_s",
                 "mb_per_step", "gb_s", "bw_frac"):
         assert vha[key] > 0 and math.isfinite(vha[key]), key
-    assert mha["kv_bytes_per_token"] == 2 * 2 * 4 * 8 * 4 and vha["kv_bytes_per_token"] == mha["kv_bytes_per_token"] // 2
+    assert (mha["kv_bytes_per_token"] == 2 * 2 * 4 * 8 * 4
+            and vha["kv_bytes_per_token"] == mha["kv_bytes_per_token"] // 2)
     assert vha["kv_cache_mb"] * 2 == pytest.approx(mha["kv_cache_mb"]) and vha["prefill_len"] == 16
     assert set(out["targets"]) == {"vha_over_mha", "vha_over_mha_roofline", "vha_bw_frac"}
     assert out["targets"]["vha_over_mha_roofline"] > 1  # fewer KV bytes: a better best case
     assert "random K/V" in proc.stdout and "targets at context 96" in proc.stdout
-    assert sum(line.rstrip().endswith(("PASS", "FAIL")) for line in proc.stdout.splitlines()) == 2  # printed, not asserted
+    # printed, not asserted
+    assert sum(line.rstrip().endswith(("PASS", "FAIL")) for line in proc.stdout.splitlines()) == 2
     assert png.stat().st_size > 1000
 
 
@@ -147,7 +152,8 @@ def test_paper_configs_use_train_py_keys():
     optional = {"head_dim": int, "mlp_hidden": int, "vha_postmix_rank": int}
     for path in PAPER:
         cfg = configure(defaults, [os.path.join(ROOT, PAPER[0]), os.path.join(ROOT, path)], optional)
-        assert (cfg["n_layer"], cfg["n_embd"], cfg["head_dim"], cfg["mlp_hidden"], cfg["block_size"]) == (28, 2048, 128, 6144, 4096)
+        assert ((cfg["n_layer"], cfg["n_embd"], cfg["head_dim"], cfg["mlp_hidden"], cfg["block_size"])
+                == (28, 2048, 128, 6144, 4096))
 
 
 # ---- bad input: one line on stderr, non-zero exit ----
@@ -195,7 +201,8 @@ def test_auto_settings_resolve_for_cuda_and_cpu(monkeypatch):
     spec = importlib.util.spec_from_file_location("bench_decode", os.path.join(ROOT, "bench_decode.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)  # parses the argv above; runs nothing (the benchmark runs under __main__)
-    assert (bench.decode_impl, bench.prefill_max, bench.compile, bench.runtimes) == ("grouped", 2048, "aot", ["aot", "eager"])
+    assert ((bench.decode_impl, bench.prefill_max, bench.compile, bench.runtimes)
+            == ("grouped", 2048, "aot", ["aot", "eager"]))
     assert bench.resolve_auto("cuda", "auto", None, "auto") == ("sdpa", 32768, "graphs")  # dtype auto: bf16 there
     assert bench.resolve_auto("cuda", "auto", 4096, "off") == ("sdpa", 4096, "off")  # explicit settings stay
     assert bench.resolve_auto("cpu", "auto", None, "auto") == ("grouped", 2048, "aot")

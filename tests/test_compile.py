@@ -41,6 +41,8 @@ def test_compiled_resume_is_exact(runs):
     root, data = runs
     out = root / "resumed"
     run("train.py", f"--data_dir={data}", f"--out_dir={out}", *ARGS, "--compile=True", "--max_iters=4", timeout=900)
-    run("train.py", f"--data_dir={data}", f"--out_dir={out}", *ARGS, "--compile=True", "--init_from=resume", timeout=900)
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("time", "tok_per_s", "compiled_graphs")} for r in rows]
+    run("train.py", f"--data_dir={data}", f"--out_dir={out}", *ARGS, "--compile=True", "--init_from=resume",
+        timeout=900)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("time", "tok_per_s", "compiled_graphs")}
+                          for r in rows]
     assert strip(read_log(out)) == strip(read_log(root / "compiled"))

@@ -40,7 +40,8 @@ def test_demo_and_ablations_state_their_kv_bytes(ablation):
     model = model_of(settings)
     assert int(stated[0].replace(",", "")) == model.cfg.kv_bytes_per_token(torch.bfloat16)
     name = os.path.basename(ablation or "vha_small.py")[:-3]
-    assert model.cfg.n_kv_head == {"gqa_4x_cache": 8, "mla": 8, "mfa": 1}.get(name, 2)  # MLA: 8 up-projected; MFA: one wide head
+    # MLA: 8 up-projected; MFA: one wide head
+    assert model.cfg.n_kv_head == {"gqa_4x_cache": 8, "mla": 8, "mfa": 1}.get(name, 2)
     assert model.cfg.attn == {"mla": "mla", "mfa": "mfa"}.get(name, model.cfg.attn)
     assert settings["out_dir"].startswith("out-")
 
@@ -75,9 +76,11 @@ def test_fineweb_twins_differ_only_in_attention_and_state_their_budget():
         with torch.device("meta"):
             m = GPT(GPTConfig(**{k: v for k, v in s.items() if k in MODEL_KEYS}, vocab_size=50257))
         assert f"{m.cfg.flops_per_token(1024, training=True) / 1e9:.3f} GFLOPs/token" in text
-        assert 100e6 < m.num_params() < 135e6 and s["dataset"] == "fineweb_edu" and s["compile"] and s["dtype"] == "bfloat16"
+        assert (100e6 < m.num_params() < 135e6 and s["dataset"] == "fineweb_edu" and s["compile"]
+                and s["dtype"] == "bfloat16")
     smoke = load(FINEWEB["vha"], os.path.join(ROOT, "config", "fineweb", "smoke.py"))
-    assert {k: smoke[k] for k in MODEL_KEYS if k in smoke} == {k: settings["vha"][k] for k in MODEL_KEYS if k in settings["vha"]}
+    assert ({k: smoke[k] for k in MODEL_KEYS if k in smoke}
+            == {k: settings["vha"][k] for k in MODEL_KEYS if k in settings["vha"]})
     assert smoke["max_iters"] < settings["vha"]["max_iters"] / 10 and smoke["out_dir"] != settings["vha"]["out_dir"]
 
 
@@ -88,7 +91,8 @@ PAPER = sorted(glob.glob(os.path.join(ROOT, "config", "paper_1p7b_*.py")))
 def test_paper_shapes_cache_1kb_per_layer_except_gqa8():
     for path in PAPER:
         with torch.device("meta"):
-            m = GPT(GPTConfig(**{k: v for k, v in load(PAPER_BASE, path).items() if k in MODEL_KEYS}, vocab_size=151936))
+            m = GPT(GPTConfig(**{k: v for k, v in load(PAPER_BASE, path).items() if k in MODEL_KEYS},
+                              vocab_size=151936))
         per_layer = m.cfg.kv_bytes_per_token(torch.bfloat16) // m.cfg.n_layer
         assert per_layer == (4096 if path.endswith("gqa8.py") else 1024), (path, per_layer)
         assert (m.cfg.n_layer, m.cfg.n_embd, m.cfg.mlp_hidden) == (28, 2048, 6144)
@@ -105,8 +109,9 @@ def test_paper_shapes_train_one_row_per_micro_step_with_the_same_global_batch():
         assert (s["batch_size"], s["gradient_accumulation_steps"], s["block_size"]) == (1, 16, 4096), path
 
 
-QWEN3_0P6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                  num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=True)
+QWEN3_0P6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                  rope_theta=1e6, tie_word_embeddings=True)
 WARMUP = {n: os.path.join(ROOT, "config", f"qwen3_0p6b_{n}.py") for n in ("vha_warmup", "gqa2_uptrain")}
 
 
@@ -125,22 +130,30 @@ def test_qwen3_warmup_recipe_and_its_baseline_state_their_budget():
         teacher = GPT(source)
     for n, s in settings.items():
         text = open(WARMUP[n]).read()
-        assert f"python train.py {os.path.relpath(base, ROOT)}{'' if n == 'vha_warmup' else ' config/qwen3_0p6b_gqa2_uptrain.py'}" in text
+        assert ("python train.py "
+                f"{os.path.relpath(base, ROOT)}{'' if n == 'vha_warmup' else ' config/qwen3_0p6b_gqa2_uptrain.py'}"
+                in text)
         assert not MODEL_KEYS & set(s) - {"block_size", "dropout"}  # the model's shape comes from the checkpoint
         assert s["init_from"].endswith("/ckpt.pt") and s["teacher"] == "Qwen3-0.6B" and s["dataset"] == "fineweb_edu"
-        assert s["data_dir"] == "data/fineweb_edu_qwen3" and (f"python data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer="
-                                                          f"{s['teacher']} --num_tokens=600000000 --out_dir={s['data_dir']}") in one_line
+        assert (s["data_dir"] == "data/fineweb_edu_qwen3"
+                and (f"python data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer="
+                     f"{s['teacher']} --num_tokens=600000000 --out_dir={s['data_dir']}") in one_line)
         assert (s["distill_alpha"], s["distill_temperature"]) == (0.7, 1.0) and 0 < s["freeze_iters"] < s["max_iters"]
         per_iter = s["batch_size"] * s["block_size"] * s["gradient_accumulation_steps"]
-        assert (f"{s['batch_size']} rows x {s['block_size']} tokens x {s['gradient_accumulation_steps']} accumulation steps"
+        assert (f"{s['batch_size']} rows x {s['block_size']} tokens x "
+                f"{s['gradient_accumulation_steps']} accumulation steps"
                 f" = {per_iter:,}") in base_text
         assert f"{s['max_iters']:,} iterations x {per_iter:,} = {s['max_iters'] * per_iter:,} tokens" in base_text
-        assert f"freeze: {s['freeze_iters']:,} iterations x {per_iter:,} = {s['freeze_iters'] * per_iter:,} tokens" in base_text
+        assert (f"freeze: {s['freeze_iters']:,} iterations x {per_iter:,} = "
+                f"{s['freeze_iters'] * per_iter:,} tokens") in base_text
         assert f"python convert.py --src=Qwen3-0.6B --out_dir={os.path.dirname(s['init_from'])} --n_kv_head=2" in text
         with torch.device("meta"):
             student = GPT(target_config(source, "vha" if n == "vha_warmup" else "gqa", 2, 0))
-        assert (student.cfg.n_attn_head, student.cfg.n_q_proj, student.cfg.n_kv_head) == ((16, 8, 2) if n == "vha_warmup" else (16, 16, 2))
-        flops = [student.cfg.flops_per_token(s["block_size"], training=True) / 1e9, teacher.cfg.flops_per_token(s["block_size"]) / 1e9]
-        assert f"{flops[0]:.3f} GFLOPs/token (student, training) + {flops[1]:.3f} GFLOPs/token (teacher, forward)" in text
+        assert ((student.cfg.n_attn_head, student.cfg.n_q_proj, student.cfg.n_kv_head)
+                == ((16, 8, 2) if n == "vha_warmup" else (16, 16, 2)))
+        flops = [student.cfg.flops_per_token(s["block_size"], training=True) / 1e9,
+                 teacher.cfg.flops_per_token(s["block_size"]) / 1e9]
+        assert (f"{flops[0]:.3f} GFLOPs/token (student, training) + "
+                f"{flops[1]:.3f} GFLOPs/token (teacher, forward)") in text
         seconds = s["max_iters"] * per_iter * float(f"{sum(flops):.3f}e9") / (0.4 * 989e12)
         assert f"{s['max_iters'] * per_iter:,} x {sum(flops):.3f}e9 / (0.4 x 989e12) = {seconds:,.0f} s" in text

@@ -13,7 +13,8 @@ from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_chec
 from test_model import make
 
 CHARS = "abcdefghijklmnopqrstuvwxyz ABCDEJMORT:.\n"  # 40 characters: the tiny models' vocab
-META = {"tokenizer": "char", "vocab_size": len(CHARS), "stoi": {c: i for i, c in enumerate(CHARS)}, "itos": dict(enumerate(CHARS))}
+META = {"tokenizer": "char", "vocab_size": len(CHARS), "stoi": {c: i for i, c in enumerate(CHARS)},
+        "itos": dict(enumerate(CHARS))}
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +48,10 @@ def logit_gap(a, b):
 
 
 @pytest.mark.parametrize("to", ["vha", "gqa"])
-@pytest.mark.parametrize("dtype, ridge, tol", [(torch.float64, 0.0, 1e-10), (torch.float32, 1e-6, 2e-5)], ids=["float64", "float32"])
+@pytest.mark.parametrize("dtype, ridge, tol", [
+    (torch.float64, 0.0, 1e-10),
+    (torch.float32, 1e-6, 2e-5),
+], ids=["float64", "float32"])
 def test_repeated_heads_convert_exactly(to, dtype, ridge, tol):
     source = source_gqa(dtype, exact=True)
     converted, fits = convert.convert(source, to, 2, ridge)
@@ -70,9 +74,11 @@ def test_premix_is_the_least_squares_solution_and_kv_the_mean():
         A = W_q.view(8, 16, -1)[4:].transpose(0, 1).reshape(16, -1)
         want = torch.linalg.lstsq(B.T, A.T).solution  # an independent solver of min ||B^T P - A^T||: the same problem
         assert torch.allclose(P[1], want, atol=1e-10) and torch.equal(P[0], torch.eye(16, dtype=P.dtype))
-        assert torch.equal(Wc_q, W_q[:4 * 16]) and float(err[0]) == 0 and 0.5 < float(err[1]) < 1.0  # random heads: a poor fit
+        # random heads: a poor fit
+        assert torch.equal(Wc_q, W_q[:4 * 16]) and float(err[0]) == 0 and 0.5 < float(err[1]) < 1.0
         for W, Wc in ((W_k, Wc_k), (W_v, Wc_v)):
-            assert torch.allclose(Wc.view(2, 16, -1), W.view(2, 2, 16, -1).mean(1))  # target head g = mean of 2g, 2g + 1
+            # target head g = mean of 2g, 2g + 1
+            assert torch.allclose(Wc.view(2, 16, -1), W.view(2, 2, 16, -1).mean(1))
         assert torch.equal(conv_block.attn.o_proj.weight, src_block.attn.o_proj.weight)
     lam = convert.convert(source, "vha", 2, lam_rel=10.0)[0].blocks[0].attn.premix[1]  # ridge shrinks P towards 0
     assert lam.norm() < converted.blocks[0].attn.premix[1].norm()
@@ -106,11 +112,13 @@ def test_cli_prints_per_layer_errors_and_writes_a_checkpoint_that_samples(exact,
     else:
         assert fit > 0.1 and min(q, k, v) > 0.05
     ckpt = load_checkpoint(str(out / "ckpt.pt"))
-    assert ckpt["kind"] == "converted" and ckpt["iter_num"] == 0 and ckpt["meta"] == META and ckpt["config"] == {"dataset": "none"}
+    assert (ckpt["kind"] == "converted" and ckpt["iter_num"] == 0 and ckpt["meta"] == META
+            and ckpt["config"] == {"dataset": "none"})
     assert ckpt["converted_from"]["model_args"]["n_kv_head"] == 4 and len(ckpt["converted_from"]["layers"]) == 2
     model = model_from_checkpoint(ckpt).eval()
     assert model.cfg.attn == "vha" and (logit_gap(source, model) < 1e-4) == exact
-    text = run("sample.py", f"--out_dir={out}", "--start=ROMEO:", "--max_new_tokens=6", "--num_samples=1", "--temperature=0")
+    text = run("sample.py", f"--out_dir={out}", "--start=ROMEO:", "--max_new_tokens=6", "--num_samples=1",
+               "--temperature=0")
     assert text.stdout.startswith("ROMEO:") and len(text.stdout.splitlines()[0]) >= 6
 
 
@@ -136,11 +144,13 @@ def test_cli_calibrates_on_given_tokens_and_converts_to_pooled_gqa(tmp_path, cap
 ], ids=["not_a_divisor", "bad_target", "vha_source", "mla_source", "missing_calib", "missing_src"])
 def test_refusals_write_nothing(argv, message, tmp_path):
     kind = next((a.split("=")[1] for a in argv if a.startswith("--src_kind")), "gqa")
-    model = make(dtype=torch.float32, vocab_size=40, attn=kind, n_head=8, n_kv_head=8 if kind == "mla" else 4, head_dim=16,
-                 qk_norm=kind != "mla")
+    model = make(dtype=torch.float32, vocab_size=40, attn=kind, n_head=8, n_kv_head=8 if kind == "mla" else 4,
+                 head_dim=16, qk_norm=kind != "mla")
     os.makedirs(tmp_path / "src")
-    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.cfg), "meta": META}, str(tmp_path / "src" / "ckpt.pt"))
-    argv = [f"--src={tmp_path / 'src'}", f"--out_dir={tmp_path / 'out'}"] + [a for a in argv if not a.startswith("--src_kind")]
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.cfg), "meta": META},
+                    str(tmp_path / "src" / "ckpt.pt"))
+    argv = ([f"--src={tmp_path / 'src'}", f"--out_dir={tmp_path / 'out'}"]
+            + [a for a in argv if not a.startswith("--src_kind")])
     with pytest.raises(SystemExit) as e:
         convert.main(argv)
     error = str(e.value.code)
@@ -156,7 +166,8 @@ def test_activation_fit_is_the_identity_metric_fit_and_wins_on_its_own_queries()
     P_w = convert.convert(source, "vha", 2, 0.0)[0]
     P_eye = convert.convert(source, "vha", 2, 0.0, grams=eye)[0]
     P_act = convert.convert(source, "vha", 2, 0.0, grams=grams)[0]
-    assert all(torch.allclose(a.attn.premix, b.attn.premix, atol=1e-10) for a, b in zip(P_w.blocks, P_eye.blocks))  # C = I: the weight fit
+    # C = I: the weight fit
+    assert all(torch.allclose(a.attn.premix, b.attn.premix, atol=1e-10) for a, b in zip(P_w.blocks, P_eye.blocks))
 
     def prenorm_q_error(converted):  # sum over layers of ||q_conv - q_src||^2 before QK-norm, on the calibration inputs
         total, x = 0.0, source.embed(tokens)

@@ -20,7 +20,8 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def torchrun(*args):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *map(str, args)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+           *map(str, args)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=ENV)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
@@ -33,8 +34,8 @@ def curve(out):
 
 @pytest.mark.slow  # three runs with two processes each
 def test_two_processes_match_one_and_resume(char_data, tmp_path):
-    args = [f"--data_dir={char_data}", "--max_iters=20", "--lr_decay_iters=20", "--eval_interval=10", "--gradient_accumulation_steps=2",
-            "--dropout=0.1", *TINY_MODEL]
+    args = [f"--data_dir={char_data}", "--max_iters=20", "--lr_decay_iters=20", "--eval_interval=10",
+            "--gradient_accumulation_steps=2", "--dropout=0.1", *TINY_MODEL]
     one, two = str(tmp_path / "one"), str(tmp_path / "two")
     proc = subprocess.run([sys.executable, "train.py", f"--out_dir={one}", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=ENV)
@@ -78,7 +79,8 @@ def test_a_killed_process_stops_the_job_in_one_line_and_it_resumes_exactly(char_
                           text=True, timeout=300, env=ENV)
     assert proc.returncode == 0, proc.stderr
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", f"--out_dir={part}", *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+           f"--out_dir={part}", *args]
     job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         while len(pids := worker_pids(job)) < 2 or last_iter(part) < 12:  # past the checkpoint of iteration 10
@@ -93,9 +95,10 @@ def test_a_killed_process_stops_the_job_in_one_line_and_it_resumes_exactly(char_
         job.wait()
     assert job.returncode != 0 and stopped < 60, (stopped, err)
     errors = [line for line in err.splitlines() if "error:" in line]
-    assert len(errors) == 1 and "RuntimeError" not in err, err  # one line, no rank's traceback (torchrun adds its report)
-    m = re.fullmatch(r"error: rank 0: process rank 1 of this job died \(or hangs\) at iteration (\d+); (.*) \(iteration (\d+)\) "
-                     r"is kept: relaunch with --init_from=resume", errors[0])
+    # one line, no rank's traceback (torchrun adds its report)
+    assert len(errors) == 1 and "RuntimeError" not in err, err
+    m = re.fullmatch(r"error: rank 0: process rank 1 of this job died \(or hangs\) at iteration (\d+); "
+                     r"(.*) \(iteration (\d+)\) is kept: relaunch with --init_from=resume", errors[0])
     assert m and m[2] == os.path.join(part, "ckpt.pt") and int(m[3]) <= int(m[1]), errors
     assert load_checkpoint(m[2])["iter_num"] == int(m[3]) >= 10  # the checkpoint it names is whole
     assert not [n for n in os.listdir(part) if n.startswith(".tmp")]

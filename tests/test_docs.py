@@ -9,7 +9,8 @@ import pytest
 
 from conftest import ROOT
 
-DOCS = ["README.md", "CONTRIBUTING.md", "data/README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+DOCS = ["README.md", "CONTRIBUTING.md", "data/README.md",
+        *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target)
 
 
@@ -57,8 +58,10 @@ def test_readme_is_a_guide():
     assert len(text.splitlines()) <= 300 and len(text) <= 20_000, (len(text.splitlines()), len(text))
 
 
-SCRIPTS = ["train.py", "sample.py", "fold.py", "convert.py", "bench_decode.py", "bench.py", "ablate.py", "sweep.py",
-           "uptrain.py", "scripts/gpu_check.py", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "data", "*", "prepare.py")))]
+COMMANDS = ["train.py", "sample.py", "fold.py", "convert.py", "bench_decode.py", "bench.py", "ablate.py", "sweep.py",
+            "uptrain.py"]  # with model.py, all the root holds
+SCRIPTS = [*COMMANDS, "scripts/gpu_check.py", "scripts/decode_levers.py",
+           *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "data", "*", "prepare.py")))]
 
 
 def python_files():
@@ -86,5 +89,42 @@ def test_scripts_never_import_each_other():
     names = {os.path.splitext(os.path.basename(p))[0] for p in SCRIPTS if "/" not in p}
     for path in SCRIPTS:
         for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read())):
-            imported = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module] if isinstance(node, ast.ImportFrom) else []
-            assert not set(imported) & names, f"{path} imports the script(s) {set(imported) & names}: move the shared code into a library module"
+            imported = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                        else [node.module] if isinstance(node, ast.ImportFrom) else [])
+            assert not set(imported) & names, (f"{path} imports the script(s) {set(imported) & names}: "
+                                               "move the shared code into a library module")
+
+
+def test_lines_fit_in_120_characters():
+    """One statement per line, at most 120 characters, in every Python file (tests included)."""
+    wide = [f"{p}:{i + 1}" for p in python_files()
+            for i, line in enumerate(open(os.path.join(ROOT, p)).read().splitlines()) if len(line) > 120]
+    assert not wide, f"lines over 120 characters: {wide}"
+
+
+def imports_of(path):
+    tree = ast.parse(open(os.path.join(ROOT, path)).read())
+    return {(a.name if isinstance(node, ast.Import) else node.module or "").split(".")[0]
+            for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+
+
+def test_the_root_holds_what_you_run_and_the_package_what_they_import():
+    """The house rule: the commands and model.py at the root; nanovha/ (and data/) hold everything they import and
+    never import a command; model.py imports only torch."""
+    assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "*.py"))) == sorted([*COMMANDS, "model.py"])
+    commands = {c[:-3] for c in COMMANDS}
+    for path in python_files():
+        if path.startswith(("nanovha", "data")):
+            assert not imports_of(path) & commands, f"{path} imports a command"
+    stdlib = {"math", "zlib", "dataclasses", "typing"}
+    assert imports_of("model.py") <= stdlib | {"torch"}, imports_of("model.py")
+
+
+def test_every_command_the_docs_name_exists():
+    """`python X.py` in README, CONTRIBUTING.md and docs/: X.py is a file of the repo."""
+    missing = []
+    for doc in DOCS:
+        for script in re.findall(r"python3? (\S+\.py)\b", open(os.path.join(ROOT, doc)).read()):
+            if not os.path.isfile(os.path.join(ROOT, script)):
+                missing.append(f"{doc}: {script}")
+    assert not missing, f"commands that do not exist: {missing}"

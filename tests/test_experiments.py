@@ -6,7 +6,8 @@ from nanovha import experiments
 
 
 def test_a_moved_run_is_the_same_run_but_other_settings_are_refused(tmp_path):
-    args = ["config/recall_mqar.py", "--data_dir=/a/data/mqar_n_keys64_1f2e", "--out_dir=/a/runs/p/vha/seed1337", "--seed=1337"]
+    args = ["config/recall_mqar.py", "--data_dir=/a/data/mqar_n_keys64_1f2e", "--out_dir=/a/runs/p/vha/seed1337",
+            "--seed=1337"]
     assert experiments.same_run(args, [x.replace("/a/", "/b/c/") for x in args])
     assert not experiments.same_run(args, args[:-1] + ["--seed=1338"])
     assert not experiments.same_run(args, [args[0], "--data_dir=/a/data/mqar_n_keys128_1f2e", *args[2:]])
@@ -26,7 +27,8 @@ def test_paired_differences_and_their_test():
     assert t == pytest.approx(4.0) and not resolved  # df = 2 needs t > 4.303
     assert experiments.paired({1: 1.1, 2: 2.12, 3: 3.1}, {1: 1.0, 2: 2.0, 3: 3.0})[4]  # 0.1, 0.12, 0.1: t = 16
     assert experiments.paired({1: 1.0}, {1: 0.0})[:2] == (1, 1.0) and not experiments.paired({1: 1.0}, {1: 0.0})[4]
-    same = lambda n: experiments.paired({s: 1.0 for s in range(n)}, {s: 0.0 for s in range(n)})  # every seed the same difference
+    # every seed the same difference
+    same = lambda n: experiments.paired({s: 1.0 for s in range(n)}, {s: 0.0 for s in range(n)})
     assert same(2)[3:] == (float("inf"), False) and not same(5)[4] and same(6)[4]  # exact sign test: 2 * 0.5**n < 0.05
     assert experiments.paired({1: 1.0, 2: 2.0}, {1: 1.0, 2: 2.0})[3:] == (0.0, False)
 

@@ -44,7 +44,8 @@ def test_fold_is_exact_for_every_rank(n_kv_head, qk_norm):
         assert (gqa.cfg.attn, gqa.cfg.n_head, gqa.cfg.n_kv_head) == ("gqa", 8, n_kv_head)
         assert not any("mix" in name for name in gqa.state_dict())
         assert gqa.cfg.kv_bytes_per_token() == vha.cfg.kv_bytes_per_token()
-        assert gqa.lm_head.weight.shape == vha.lm_head.weight.shape == (64, 64)  # the fold keeps the padded vocab (37 -> 64)
+        # the fold keeps the padded vocab (37 -> 64)
+        assert gqa.lm_head.weight.shape == vha.lm_head.weight.shape == (64, 64)
         assert logits_gap(vha, gqa) <= 1e-10, (n_kv_head, qk_norm, rank)
 
 
@@ -82,11 +83,13 @@ def test_a_wrong_fold_fails_the_same_check():
 @pytest.fixture(scope="module")
 def folded_run(char_data, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("fold_run"))
-    run("train.py", f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=30", "--eval_interval=30", *TINY_MODEL, env=ONE_THREAD)
+    run("train.py", f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=30", "--eval_interval=30", *TINY_MODEL,
+        env=ONE_THREAD)
     with open(os.path.join(out, "ckpt.pt"), "rb") as f:
         source_bytes = f.read()
     mpl = str(tmp_path_factory.mktemp("mplconfig"))
-    report = run("fold.py", "--compile_decode=False", f"--out_dir={out}", "--plot=True", env=dict(ONE_THREAD, MPLCONFIGDIR=mpl)).stdout
+    report = run("fold.py", "--compile_decode=False", f"--out_dir={out}", "--plot=True",
+                 env=dict(ONE_THREAD, MPLCONFIGDIR=mpl)).stdout
     return out, report, source_bytes
 
 
@@ -106,9 +109,11 @@ def test_folded_checkpoint_is_plain_gqa_and_samples_the_same_text(folded_run):
     out = folded_run[0]
     source, folded = load_checkpoint(os.path.join(out, "ckpt.pt")), load_checkpoint(os.path.join(out, "ckpt_folded.pt"))
     args = folded["model_args"]
-    assert (args["attn"], args["n_head"], args["n_kv_head"]) == ("gqa", source["model_args"]["n_head"], source["model_args"]["n_kv_head"])
+    assert ((args["attn"], args["n_head"], args["n_kv_head"])
+            == ("gqa", source["model_args"]["n_head"], source["model_args"]["n_kv_head"]))
     assert folded["folded_from"] == "ckpt.pt" and "optimizer" not in folded and "scaler" not in folded
-    assert folded["meta"] == source["meta"] and folded["config"] == source["config"] and folded["iter_num"] == source["iter_num"]
+    assert (folded["meta"] == source["meta"] and folded["config"] == source["config"]
+            and folded["iter_num"] == source["iter_num"])
     model = model_from_checkpoint(folded)
     assert model.cfg.attn == "gqa" and not any("mix" in name for name in model.state_dict())
     texts = [run("sample.py", f"--out_dir={out}", f"--ckpt_name={name}", "--start=ROMEO:", "--num_samples=1",
@@ -124,7 +129,8 @@ def test_plot_and_table(folded_run):
     table = report.split("intra-group\n")[1].splitlines()
     n_layer = int(TINY_MODEL[0].split("=")[1])
     assert [line.split()[0] for line in table[:n_layer]] == [str(i) for i in range(n_layer)]
-    assert all(len(line.split()) == 2 + 2 + 3 for line in table[:n_layer])  # layer, 2 groups, 3 postmix numbers + divergence
+    # layer, 2 groups, 3 postmix numbers + divergence
+    assert all(len(line.split()) == 2 + 2 + 3 for line in table[:n_layer])
 
 
 @pytest.mark.parametrize("kw", [dict(vha_postmix=False), dict(vha_premix=False), dict(n_kv_head=1)])
@@ -166,7 +172,8 @@ def save_tiny(folder, name="ckpt.pt", **kw):
     model = make(dtype=torch.float32, **kw)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, name)
-    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.cfg), "iter_num": 7, "kind": "nanovha"}, path)
+    save_checkpoint({"model": model.state_dict(), "model_args": asdict(model.cfg), "iter_num": 7, "kind": "nanovha"},
+                    path)
     return model, path
 
 
@@ -213,7 +220,8 @@ def test_refusals_write_nothing(tmp_path):
     refuse([f"--out_dir={d}/vha", "--gen_tokens=0"], "must be >= 1")
     assert not os.path.exists(f"{d}/hf")
     # the same through a real process: exit status 1, the message on stderr
-    for args, message in ([f"--out_dir={d}/gqa"], "error: nothing to fold"), ([f"--out_dir={d}/vha", "--plots=True"], "unknown config key"):
+    for args, message in (([f"--out_dir={d}/gqa"], "error: nothing to fold"),
+                          ([f"--out_dir={d}/vha", "--plots=True"], "unknown config key")):
         proc = run("fold.py", "--compile_decode=False", *args, check=False, env=ONE_THREAD)
         assert proc.returncode == 1 and message in proc.stderr and proc.stdout == "", proc.stderr
     assert sorted(os.listdir(f"{d}/gqa")) == ["ckpt.pt"]
@@ -255,17 +263,21 @@ HF_MODELS = {
 @pytest.mark.parametrize("name", HF_MODELS)
 def test_hf_export_gives_the_same_logits(name, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    transformers = pytest.importorskip("transformers", reason="the HF round trip needs transformers (pip install transformers)")
-    safetensors_torch = pytest.importorskip("safetensors.torch", reason="the HF export needs safetensors (pip install safetensors)")
+    transformers = pytest.importorskip("transformers",
+                                       reason="the HF round trip needs transformers (pip install transformers)")
+    safetensors_torch = pytest.importorskip("safetensors.torch",
+                                            reason="the HF export needs safetensors (pip install safetensors)")
     kw = dict(HF_MODELS[name], n_embd=64, head_dim=24, rope_theta=5000.0, norm_eps=1e-5)  # head_dim != n_embd / n_head
     ours, _ = save_tiny(str(tmp_path), **kw)
     fold.main(["--compile_decode=False", f"--out_dir={tmp_path}", f"--export_hf={tmp_path}/hf", "--gen_tokens=10"])
-    assert sorted(os.listdir(tmp_path / "hf")) == ["README.md", "config.json", "generation_config.json", "model.safetensors"]
+    assert sorted(os.listdir(tmp_path / "hf")) == ["README.md", "config.json", "generation_config.json",
+                                                   "model.safetensors"]
     hf = transformers.Qwen3ForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
     assert (hf.config.num_attention_heads, hf.config.head_dim) == (ours.cfg.n_attn_head, 24)
     # our vocab 37 is padded to 64 rows; the export has exactly the tokenizer's 37
     tensors = safetensors_torch.load_file(str(tmp_path / "hf" / "model.safetensors"))
-    assert ours.lm_head.weight.size(0) == 64 and hf.config.vocab_size == 37 and tensors["model.embed_tokens.weight"].shape == (37, 64)
+    assert (ours.lm_head.weight.size(0) == 64 and hf.config.vocab_size == 37
+            and tensors["model.embed_tokens.weight"].shape == (37, 64))
     assert hf.get_input_embeddings().weight.shape == hf.get_output_embeddings().weight.shape == (37, 64)
     x = torch.randint(0, 37, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -275,7 +287,8 @@ def test_hf_export_gives_the_same_logits(name, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert ("nothing to fold" in out) == (ours.cfg.attn == "gqa")
     check = out.split("transformers check (transformers ")[1]  # fold.py ran the folder in transformers itself
-    assert float(re.search(r"\|logit diff\| max (\S+) at", check).group(1)) <= 1e-4 and "greedy 10 tokens: identical" in check
+    assert (float(re.search(r"\|logit diff\| max (\S+) at", check).group(1)) <= 1e-4
+            and "greedy 10 tokens: identical" in check)
     assert "greedy text" not in check  # no tokenizer files in this folder: ids are compared, not text
 
 
@@ -293,7 +306,8 @@ def test_the_transformers_check_sees_a_wrong_export(tmp_path, monkeypatch):
     worst, scale, diverged, same_text = qwen3.hf_compare(hf_dir, ours, meta, tokens, 20)
     assert worst <= 1e-4 * scale and diverged is None and same_text is True
     with torch.no_grad():
-        ours.norm.weight.mul_(torch.randn(ours.norm.weight.shape, generator=torch.Generator().manual_seed(0)))  # no longer the export
+        # no longer the export
+        ours.norm.weight.mul_(torch.randn(ours.norm.weight.shape, generator=torch.Generator().manual_seed(0)))
     worst, scale, diverged, same_text = qwen3.hf_compare(hf_dir, ours, meta, tokens, 20)
     assert worst > 1e-2 * scale and diverged is not None and same_text is False
 
@@ -312,7 +326,8 @@ TEXT = "ROMEO:\nWhat light through yonder window breaks? It is the east,\n\nand 
 
 def export_with_meta(folder, meta, vocab_size, **kw):
     """A tiny VHA checkpoint trained on nothing but carrying a dataset's meta, folded and exported."""
-    model = GPT(GPTConfig(vocab_size=vocab_size, block_size=64, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, attn="vha", **kw))
+    model = GPT(GPTConfig(vocab_size=vocab_size, block_size=64, n_layer=2, n_embd=32, n_head=4, n_kv_head=2, attn="vha",
+                          **kw))
     with torch.no_grad():  # off the identity, so the fold has work to do, and logits far from ties
         for block in model.blocks:
             block.attn.premix.add_(0.2 * torch.randn_like(block.attn.premix))
@@ -350,14 +365,16 @@ def test_hf_folder_tokenizes_and_generates_like_sample_py(kind, tmp_path, monkey
     prompt, n = "ROMEO:", 24
     hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
     padded = model_from_checkpoint(load_checkpoint(os.path.join(str(tmp_path), "ckpt.pt"))).lm_head.weight.size(0)
-    assert hf.config.vocab_size == meta["vocab_size"] < padded and padded % 64 == 0  # greedy text below: with the padding dropped
+    # greedy text below: with the padding dropped
+    assert hf.config.vocab_size == meta["vocab_size"] < padded and padded % 64 == 0
     ids = tok(prompt, return_tensors="pt").input_ids
     with torch.no_grad():
         out = hf.generate(ids, max_new_tokens=n, do_sample=False, min_new_tokens=n)[0].tolist()
     ours = run("sample.py", f"--out_dir={tmp_path}", f"--start={prompt}", "--temperature=0", f"--max_new_tokens={n}",
                "--num_samples=1").stdout.split("\n---------------")[0]
     assert len(out) == len(ids[0]) + n and tok.decode(out) == ours
-    piped = transformers.pipeline("text-generation", model=hf_dir)(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    piped = transformers.pipeline("text-generation", model=hf_dir)(prompt, max_new_tokens=n, min_new_tokens=n,
+                                                                   do_sample=False)
     assert piped[0]["generated_text"] == ours  # the pipeline finds the model, the tokenizer and the generation config
     gen = json.load(open(os.path.join(hf_dir, "generation_config.json")))
     assert gen.get("eos_token_id") == meta.get("eot_token") and gen["max_length"] == 64
@@ -366,4 +383,5 @@ def test_hf_folder_tokenizes_and_generates_like_sample_py(kind, tmp_path, monkey
 def test_hf_export_of_a_recall_model_says_why_there_is_no_tokenizer(tmp_path, capsys):
     hf_dir = export_with_meta(str(tmp_path), {"tokenizer": "rows", "vocab_size": 40, "rows": {"task": "mqar"}}, 40)
     assert "tokenizer.json" not in os.listdir(hf_dir)
-    assert "no text tokenizer" in capsys.readouterr().out and "no tokenizer (" in open(os.path.join(hf_dir, "README.md")).read()
+    assert ("no text tokenizer" in capsys.readouterr().out
+            and "no tokenizer (" in open(os.path.join(hf_dir, "README.md")).read())

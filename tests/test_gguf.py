@@ -18,7 +18,8 @@ from test_model import make
 
 gguf = pytest.importorskip("gguf", reason="the GGUF export needs the gguf package: pip install -r requirements-dev.txt")
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-VERSE = ["ROMEO:\nBut soft, what light through yonder window breaks?\n", "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\n",
+VERSE = ["ROMEO:\nBut soft, what light through yonder window breaks?\n",
+         "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\n",
          "HAMLET:\nTo be, or not to be: that is the question.\n", "KING:\nNow is the winter of our discontent.\n"]
 # mixed texts: upper and lower case, space, newline, punctuation (the char one only of characters VERSE has)
 CHAR_TEXT = "ROMEO:\nBut soft, what light? To be, or not:\n\nJULIET:\nO Romeo."
@@ -51,7 +52,8 @@ def trained_run(folder, tokenizer, iters, *args):
     prepare_string(verse(), data, tokenizer, "test verse")
     run("train.py", f"--data_dir={data}", f"--out_dir={out}", f"--max_iters={iters}", f"--eval_interval={iters}",
         *TINY_MODEL, "--block_size=64", "--log_interval=50", *args, env=ONE_THREAD)
-    report = run("fold.py", "--compile_decode=False", f"--out_dir={out}", f"--export_gguf={out}/model.gguf", "--gen_tokens=20", env=ONE_THREAD).stdout
+    report = run("fold.py", "--compile_decode=False", f"--out_dir={out}", f"--export_gguf={out}/model.gguf",
+                 "--gen_tokens=20", env=ONE_THREAD).stdout
     assert "exported GGUF (qwen3, float32)" in report and "greedy 20 tokens: identical" in report
     return out
 
@@ -122,11 +124,12 @@ def test_half_precision_exports_stay_close(dtype, tolerance, char_run, tmp_path)
     """f16 / bf16 matrices (norms stay f32): llama.cpp's logits within the rounding those formats allow."""
     llama = llama_cpp()
     path = str(tmp_path / f"{dtype}.gguf")
-    report = run("fold.py", "--compile_decode=False", f"--out_dir={char_run}", f"--export_gguf={path}", f"--gguf_dtype={dtype}",
-                 "--out_name=refolded.pt", "--gen_tokens=5", env=ONE_THREAD).stdout
+    report = run("fold.py", "--compile_decode=False", f"--out_dir={char_run}", f"--export_gguf={path}",
+                 f"--gguf_dtype={dtype}", "--out_name=refolded.pt", "--gen_tokens=5", env=ONE_THREAD).stdout
     assert f"exported GGUF (qwen3, {dtype})" in report
     types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
-    assert types["blk.0.attn_q.weight"] == {"float16": "F16", "bfloat16": "BF16"}[dtype] and types["output_norm.weight"] == "F32"
+    assert (types["blk.0.attn_q.weight"] == {"float16": "F16", "bfloat16": "BF16"}[dtype]
+            and types["output_norm.weight"] == "F32")
     encode, _ = load_tokenizer(load_checkpoint(os.path.join(char_run, "ckpt.pt"))["meta"])
     tokens = encode(CHAR_TEXT)
     llm = load(llama, path)
@@ -156,18 +159,21 @@ def field(reader, key):
 
 def test_gguf_file_has_qwen3_keys_tensors_and_the_char_vocab(tmp_path):
     chars = sorted(set("ab \n\\\t\x01é日") | set("ROMEO:JULIET"))  # escapes, a control character, 2- and 3-byte UTF-8
-    save(str(tmp_path), char_meta(chars), attn="vha", n_head=4, n_kv_head=2, vocab_size=len(chars), tie_embeddings=False)
+    save(str(tmp_path), char_meta(chars), attn="vha", n_head=4, n_kv_head=2, vocab_size=len(chars),
+         tie_embeddings=False)
     fold.main(["--compile_decode=False", f"--out_dir={tmp_path}", f"--export_gguf={tmp_path}/m.gguf", "--gen_tokens=5"])
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "ckpt_folded.pt", "m.gguf"]  # no temp file left
     r = gguf.GGUFReader(str(tmp_path / "m.gguf"))
     folded = model_from_checkpoint(load_checkpoint(str(tmp_path / "ckpt_folded.pt")))
     c = folded.cfg
     assert field(r, "general.architecture") == "qwen3" and field(r, "tokenizer.ggml.model") == "rwkv"
-    assert (field(r, "qwen3.attention.head_count"), field(r, "qwen3.attention.head_count_kv")) == (c.n_head, c.n_kv_head)
+    assert ((field(r, "qwen3.attention.head_count"), field(r, "qwen3.attention.head_count_kv"))
+            == (c.n_head, c.n_kv_head))
     assert field(r, "qwen3.attention.key_length") == c.head_dim and field(r, "qwen3.block_count") == c.n_layer
     assert "tokenizer.ggml.bos_token_id" not in r.fields and "tokenizer.ggml.eos_token_id" not in r.fields
     spelled = field(r, "tokenizer.ggml.tokens")
-    assert spelled[chars.index("\n")] == "\\n" and spelled[chars.index("\\")] == "\\\\" and spelled[chars.index("\x01")] == "\\x01"
+    assert (spelled[chars.index("\n")] == "\\n" and spelled[chars.index("\\")] == "\\\\"
+            and spelled[chars.index("\x01")] == "\\x01")
     assert spelled[chars.index("日")] == "日" and len(spelled) == len(chars)
     tensors = {t.name: t for t in r.tensors}
     assert len(tensors) == 3 + 11 * c.n_layer and "output.weight" in tensors  # untied: an output matrix
@@ -197,7 +203,8 @@ def test_what_cannot_be_exported_is_refused_in_one_line(tmp_path):
     d = str(tmp_path)
     save(f"{d}/mla", attn="mla", n_head=8, n_kv_head=8, qk_norm=False)
     save(f"{d}/noqk", attn="vha", n_head=8, n_kv_head=2, qk_norm=False)
-    save(f"{d}/bad", char_meta(["a", "\ud800"] + list("bcdefghijklmnopqrstuvwxyz0123456789")), attn="vha", n_head=4, n_kv_head=2)
+    save(f"{d}/bad", char_meta(["a", "\ud800"] + list("bcdefghijklmnopqrstuvwxyz0123456789")), attn="vha", n_head=4,
+         n_kv_head=2)
     save(f"{d}/other", char_meta(list("abc")), attn="vha", n_head=4, n_kv_head=2)
     save(f"{d}/ok", char_meta(list("abcdefghijklmnopqrstuvwxyz0123456789A")), attn="vha", n_head=4, n_kv_head=2)
     refuse([f"--out_dir={d}/mla", f"--export_gguf={d}/x.gguf"], "no MLA attention", d)
@@ -232,8 +239,10 @@ def test_a_model_without_a_text_tokenizer_runs_on_token_ids(tmp_path):
     """Recall rows (or no meta): stand-in tokens '[0]'..'[n-1]', so llama.cpp loads the file and runs token ids."""
     llama = llama_cpp()
     model = save(str(tmp_path), {"tokenizer": "rows", "vocab_size": 37}, attn="vha", n_head=4, n_kv_head=2)
-    report = run("fold.py", "--compile_decode=False", f"--out_dir={tmp_path}", f"--export_gguf={tmp_path}/rows.gguf", "--gen_tokens=5", env=ONE_THREAD).stdout
-    assert "stand-in tokens '[0]'..'[36]'" in report and "greedy 5 tokens: identical" in report.split("llama.cpp check")[1]
+    report = run("fold.py", "--compile_decode=False", f"--out_dir={tmp_path}", f"--export_gguf={tmp_path}/rows.gguf",
+                 "--gen_tokens=5", env=ONE_THREAD).stdout
+    assert ("stand-in tokens '[0]'..'[36]'" in report
+            and "greedy 5 tokens: identical" in report.split("llama.cpp check")[1])
     llm = load(llama, str(tmp_path / "rows.gguf"))
     tokens = [3, 1, 4, 1, 5, 9, 2, 6]
     assert llm.tokenize(b"[3][1][4]", add_bos=False, special=False) == [3, 1, 4]

@@ -2,7 +2,8 @@
 70,000 ids (the text's characters at ids 69,9xx, so every id needs uint32), built offline. Its meta carries the
 folder's tokenizer files, so a Qwen3 imported from that folder (70,016 rows, more than the tokenizer's ids, as Qwen3's
 151,936 > ~151,669) reads it and one with another tokenizer of the same size does not; train.py warms a converted
-model up on it; an unprepared dataset is refused before its prepare script downloads anything; old uint16 folders still read."""
+model up on it; an unprepared dataset is refused before its prepare script downloads anything; old uint16 folders
+still read."""
 import json
 import os
 import pickle
@@ -23,7 +24,8 @@ from test_hf_import import save_qwen3
 
 N_IDS, ROWS = 70_000, 70_016
 TEXT = tiny_text(6_000)
-TINY = ["--device=cpu", "--dtype=float32", "--compile=False", "--batch_size=2", "--block_size=32", "--eval_iters=2", "--log_interval=1", "--warmup_iters=0"]
+TINY = ["--device=cpu", "--dtype=float32", "--compile=False", "--batch_size=2", "--block_size=32", "--eval_iters=2",
+        "--log_interval=1", "--warmup_iters=0"]
 
 
 def big_tokenizer(folder, seed=0):
@@ -43,8 +45,10 @@ def big_tokenizer(folder, seed=0):
 
 def prepare(tmp, folder, name):
     (tmp / "in.txt").write_text(TEXT, encoding="utf-8")
-    args = ["--input", str(tmp / "in.txt"), "--out_dir", str(tmp / name), "--tokenizer", "hf", "--hf_tokenizer", str(folder)]
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "data", "text", "prepare.py"), *args], capture_output=True, text=True)
+    args = ["--input", str(tmp / "in.txt"), "--out_dir", str(tmp / name), "--tokenizer", "hf",
+            "--hf_tokenizer", str(folder)]
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "data", "text", "prepare.py"), *args],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     with open(tmp / name / "meta.pkl", "rb") as f:
         return str(tmp / name), pickle.load(f)
@@ -52,7 +56,8 @@ def prepare(tmp, folder, name):
 
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
-    """(Qwen3 folder with the 70,000-id tokenizer and 70,016 rows, its data, another tokenizer's data of the same size)."""
+    """(Qwen3 folder with the 70,000-id tokenizer and 70,016 rows, its data, another tokenizer's data of the same
+    size)."""
     tmp = tmp_path_factory.mktemp("hfdata")
     save_qwen3(str(tmp / "qwen"), tokenizer=False, vocab_size=ROWS, hidden_size=32, intermediate_size=48, head_dim=16)
     big_tokenizer(str(tmp / "qwen"))
@@ -62,9 +67,11 @@ def qwen(tmp_path_factory):
 
 def test_hf_prepare_writes_uint32_and_matches_the_import(qwen):
     folder, (data_dir, meta), (_, other) = qwen
-    assert meta["tokenizer"] == "hf" and meta["vocab_size"] == N_IDS and meta["dtype"] == "uint32" and meta["eot_token"] == N_IDS - 1
+    assert (meta["tokenizer"] == "hf" and meta["vocab_size"] == N_IDS and meta["dtype"] == "uint32"
+            and meta["eot_token"] == N_IDS - 1)
     train = np.fromfile(os.path.join(data_dir, "train.bin"), dtype=np.uint32)
-    assert len(train) == meta["train_tokens"] == int(0.9 * len(TEXT)) and train.min() > 65_535  # uint16 would wrap them
+    # uint16 would wrap them
+    assert len(train) == meta["train_tokens"] == int(0.9 * len(TEXT)) and train.min() > 65_535
     assert common.load_tokenizer(meta)[1](train.tolist()) == TEXT[:len(train)]
     data = Dataset(data_dir, 32)
     assert data.splits["train"].dtype == np.uint32 and np.array_equal(data.splits["train"], train)
@@ -74,7 +81,8 @@ def test_hf_prepare_writes_uint32_and_matches_the_import(qwen):
     assert other["vocab_size"] == meta["vocab_size"] and other["hf_tokenizer_sha256"] != meta["hf_tokenizer_sha256"]
     assert "another Hugging Face tokenizer" in vocab_problem(model_meta, "the model", other, "the data")
     assert "past the 69000 rows" in vocab_problem({**model_meta, "vocab_size": 69_000}, "the model", meta, "the data")
-    assert "carries no Hugging Face tokenizer files" in vocab_problem({**model_meta, "hf_tokenizer_files": None}, "the model", meta, "the data")
+    assert "carries no Hugging Face tokenizer files" in vocab_problem({**model_meta, "hf_tokenizer_files": None},
+                                                                      "the model", meta, "the data")
 
 
 def test_old_uint16_folders_still_read(tmp_path):
@@ -94,25 +102,32 @@ def test_old_uint16_folders_still_read(tmp_path):
 def test_warmup_of_a_converted_qwen3_on_its_tokenizers_data(qwen, tmp_path):
     folder, (data_dir, _), _ = qwen
     conv = tmp_path / "conv"
-    run("convert.py", f"--src={folder}", f"--out_dir={conv}", "--n_kv_head=1", f"--calib={data_dir}/val.bin", "--calib_len=32")
+    run("convert.py", f"--src={folder}", f"--out_dir={conv}", "--n_kv_head=1", f"--calib={data_dir}/val.bin",
+        "--calib_len=32")
     out = tmp_path / "warm"
-    run("train.py", f"--init_from={conv}", f"--teacher={folder}", "--distill_alpha=0.5", "--freeze_iters=1", f"--data_dir={data_dir}",
-        f"--out_dir={out}", "--max_iters=2", "--eval_interval=2", *TINY)
+    run("train.py", f"--init_from={conv}", f"--teacher={folder}", "--distill_alpha=0.5", "--freeze_iters=1",
+        f"--data_dir={data_dir}", f"--out_dir={out}", "--max_iters=2", "--eval_interval=2", *TINY)
     rows = [json.loads(line) for line in open(out / "log.jsonl")]
-    assert [r["iter"] for r in rows if "loss" in r] == [0, 1] and all(np.isfinite(r.get("loss", r.get("val_loss"))) for r in rows)
-    assert rows[-1]["iter"] == 2 and rows[-1]["val_loss"] < 12  # ln(70,016) = 11.2: the imported weights, not garbage ids
+    assert [r["iter"] for r in rows if "loss" in r] == [0, 1] and all(
+        np.isfinite(r.get("loss", r.get("val_loss"))) for r in rows)
+    # ln(70,016) = 11.2: the imported weights, not garbage ids
+    assert rows[-1]["iter"] == 2 and rows[-1]["val_loss"] < 12
 
 
 def test_another_hf_tokenizer_and_an_unprepared_dataset_are_refused(qwen, tmp_path):
     folder, _, (other_dir, _) = qwen
-    proc = run("train.py", f"--init_from={folder}", f"--data_dir={other_dir}", f"--out_dir={tmp_path / 'a'}", "--max_iters=1", *TINY, check=False)
-    assert proc.returncode != 0 and "vocab mismatch: the checkpoint" in proc.stderr and "another Hugging Face tokenizer" in proc.stderr
-    empty = tmp_path / "fw_qwen"
-    proc = run("train.py", f"--init_from={folder}", "--dataset=fineweb_edu", f"--data_dir={empty}", f"--out_dir={tmp_path / 'b'}",
+    proc = run("train.py", f"--init_from={folder}", f"--data_dir={other_dir}", f"--out_dir={tmp_path / 'a'}",
                "--max_iters=1", *TINY, check=False)
+    assert (proc.returncode != 0 and "vocab mismatch: the checkpoint" in proc.stderr
+            and "another Hugging Face tokenizer" in proc.stderr)
+    empty = tmp_path / "fw_qwen"
+    proc = run("train.py", f"--init_from={folder}", "--dataset=fineweb_edu", f"--data_dir={empty}",
+               f"--out_dir={tmp_path / 'b'}", "--max_iters=1", *TINY, check=False)
     line = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode != 0 and "is not prepared yet and data/fineweb_edu/prepare.py would write gpt2 ids" in line, proc.stderr
-    assert f"python data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer={os.path.abspath(folder)} --out_dir={empty}" in line
+    assert proc.returncode != 0 and (
+        "is not prepared yet and data/fineweb_edu/prepare.py would write gpt2 ids" in line), proc.stderr
+    assert (f"python data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer={os.path.abspath(folder)} "
+            f"--out_dir={empty}") in line
     assert "preparing" not in proc.stdout and not empty.exists()
 
 
@@ -123,14 +138,19 @@ def test_fineweb_script_with_an_hf_tokenizer(qwen, tmp_path):
                                       "    return ({'text': 'ROMEO: <|endoftext|>'} for _ in range(100))\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "stub")}
     script = os.path.join(ROOT, "data", "fineweb_edu", "prepare.py")
-    proc = subprocess.run([sys.executable, script, "--num_tokens", "210", "--val_frac", "0.1", "--out_dir", "fw", "--tokenizer=hf",
-                           f"--hf_tokenizer={qwen[0]}"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, script, "--num_tokens", "210", "--val_frac", "0.1", "--out_dir", "fw",
+                           "--tokenizer=hf", f"--hf_tokenizer={qwen[0]}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     with open(tmp_path / "fw" / "meta.pkl", "rb") as f:
         meta = pickle.load(f)
     train = np.fromfile(tmp_path / "fw" / "train.bin", dtype=np.uint32)
     encode, decode = common.load_tokenizer(meta)
-    doc = common.HFEncoding(qwen[0]).encode_ordinary("ROMEO: <|endoftext|>") + [N_IDS - 1]  # the text's marker is plain text
-    assert len(doc) == 21 and train.tolist() == doc * 9 and meta["dtype"] == "uint32" and meta["eot_token"] == N_IDS - 1
-    proc = subprocess.run([sys.executable, script, "--tokenizer=hf", "--out_dir", "fw2"], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert proc.returncode != 0 and "--tokenizer=hf and --hf_tokenizer=FOLDER" in proc.stderr and not (tmp_path / "fw2").exists()
+    # the text's marker is plain text
+    doc = common.HFEncoding(qwen[0]).encode_ordinary("ROMEO: <|endoftext|>") + [N_IDS - 1]
+    assert (len(doc) == 21 and train.tolist() == doc * 9 and meta["dtype"] == "uint32"
+            and meta["eot_token"] == N_IDS - 1)
+    proc = subprocess.run([sys.executable, script, "--tokenizer=hf", "--out_dir", "fw2"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
+    assert (proc.returncode != 0 and "--tokenizer=hf and --hf_tokenizer=FOLDER" in proc.stderr
+            and not (tmp_path / "fw2").exists())

@@ -9,7 +9,8 @@ from conftest import run
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.qwen3 import model_from_hf
 
-transformers = pytest.importorskip("transformers", reason="the Qwen3 import tests need transformers (pip install transformers)")
+transformers = pytest.importorskip("transformers",
+                                   reason="the Qwen3 import tests need transformers (pip install transformers)")
 CHARS = "abcdefghijklmnopqrstuvwxyz .,:;!?\n'ROMEJULIT"
 
 
@@ -55,8 +56,10 @@ def test_hf_import_gives_transformers_logits(tied, tmp_path):
     hf = save_qwen3(str(tmp_path), tie_word_embeddings=tied)
     ours, meta = model_from_hf(str(tmp_path))
     c = ours.cfg
-    assert (c.n_head, c.n_kv_head, c.head_dim, c.mlp_hidden, c.rope_theta, c.norm_eps, c.tie_embeddings) == (4, 2, 32, 96, 5000.0, 1e-5, tied)
-    assert c.vocab_size == 100 and ours.embed.weight.size(0) == 128 and (ours.lm_head.weight is ours.embed.weight) == tied
+    assert (c.n_head, c.n_kv_head, c.head_dim, c.mlp_hidden, c.rope_theta, c.norm_eps, c.tie_embeddings) == (
+        4, 2, 32, 96, 5000.0, 1e-5, tied)
+    assert (c.vocab_size == 100 and ours.embed.weight.size(0) == 128
+            and (ours.lm_head.weight is ours.embed.weight) == tied)
     assert meta["tokenizer"] == "hf" and "tokenizer.json" in meta["hf_tokenizer_files"]
     x = torch.randint(0, 100, (2, 50), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -64,7 +67,8 @@ def test_hf_import_gives_transformers_logits(tied, tmp_path):
     assert want.shape == got.shape and want.abs().max() > 1.0  # big enough for a wrong weight to show
     assert (want - got).abs().max() <= 2e-5
     prompt = x[:1, :6]
-    assert torch.equal(ours.generate(prompt, 12, temperature=0), hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False))
+    assert torch.equal(ours.generate(prompt, 12, temperature=0),
+                       hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False))
 
 
 REFUSED = {  # config.json edit -> the field the error must name
@@ -72,7 +76,8 @@ REFUSED = {  # config.json edit -> the field the error must name
     "hidden_act": {"hidden_act": "gelu"},
     "rope_scaling": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}},
     "rope_scaling ": {"rope_scaling": {"type": "linear", "factor": 2.0}},  # transformers 4.x spelling
-    "partial_rotary_factor": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}},
+    "partial_rotary_factor": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
+                                                  "partial_rotary_factor": 0.5}},
     "layer_types": {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1, "layer_types": None},
     "model_type": {"model_type": "llama"},
 }
@@ -80,8 +85,9 @@ REFUSED = {  # config.json edit -> the field the error must name
 
 @pytest.mark.parametrize("field", REFUSED)
 def test_hf_import_refuses_what_it_cannot_express_by_name(field, tmp_path):
-    config = {"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 96, **REFUSED[field]}
+    config = {"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 96,
+              **REFUSED[field]}
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError) as e:
         model_from_hf(str(tmp_path))
@@ -101,7 +107,8 @@ def test_sample_py_names_what_is_missing(tmp_path):
     save_qwen3(str(tmp_path / "bare"), tokenizer=False)
     proc = run("sample.py", f"--hf_dir={tmp_path / 'bare'}", "--max_new_tokens=2", "--device=cpu", check=False)
     line = proc.stderr.strip().splitlines()[-1]
-    assert proc.returncode != 0 and line.startswith("error: no tokenizer: Hugging Face folder") and str(tmp_path / "bare") in line
+    assert (proc.returncode != 0 and line.startswith("error: no tokenizer: Hugging Face folder")
+            and str(tmp_path / "bare") in line)
     proc = run("sample.py", f"--hf_dir={tmp_path / 'nothing'}", "--max_new_tokens=2", "--device=cpu", check=False)
     assert "config.json not found: give a Hugging Face model folder" in proc.stderr
 
@@ -111,11 +118,14 @@ def test_a_qwen3_folder_converts_and_the_result_samples_with_its_tokenizer(tmp_p
     save_qwen3(str(tmp_path / "hf"))
     calib = tmp_path / "calib.txt"
     calib.write_text("ROMEO: what light through yonder window breaks? it is the east.\n" * 8)
-    convert.main([f"--src={tmp_path / 'hf'}", f"--out_dir={tmp_path / 'vha'}", "--n_kv_head=1", f"--calib={calib}", "--calib_len=48"])
+    convert.main([f"--src={tmp_path / 'hf'}", f"--out_dir={tmp_path / 'vha'}", "--n_kv_head=1", f"--calib={calib}",
+                  "--calib_len=48"])
     printed = capsys.readouterr().out
-    assert "target: VHA 4 virtual / 4 physical Q / 1 KV heads: KV cache 2x smaller" in printed and f"x 48 tokens of {calib}" in printed
+    assert ("target: VHA 4 virtual / 4 physical Q / 1 KV heads: KV cache 2x smaller" in printed
+            and f"x 48 tokens of {calib}" in printed)
     ckpt = load_checkpoint(str(tmp_path / "vha" / "ckpt.pt"))
     assert ckpt["kind"] == "converted" and ckpt["meta"]["tokenizer"] == "hf" and ckpt["config"] == {}
     assert model_from_checkpoint(ckpt).cfg.head_dim == 32
-    proc = run("sample.py", f"--out_dir={tmp_path / 'vha'}", "--start=ROMEO:", "--temperature=0", "--max_new_tokens=5", "--num_samples=1")
+    proc = run("sample.py", f"--out_dir={tmp_path / 'vha'}", "--start=ROMEO:", "--temperature=0", "--max_new_tokens=5",
+               "--num_samples=1")
     assert proc.stdout.startswith("ROMEO:") and len(proc.stdout.splitlines()[0]) >= len("ROMEO:") + 1

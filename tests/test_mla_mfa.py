@@ -109,7 +109,8 @@ def test_config_errors_name_the_field(kw, field):
 
 
 def test_cost_accounting_by_hand():
-    """D=64, H=8, d=8, 2 layers, vocab 41 (V = 64 rows, padded), MLP hidden 192; MLA r=24, d_R=8, MFA one KV head of 16, query rank 32."""
+    """D=64, H=8, d=8, 2 layers, vocab 41 (V = 64 rows, padded), MLP hidden 192; MLA r=24, d_R=8, MFA one KV head of
+    16, query rank 32."""
     D, H, d, L, V, M, T = 64, 8, 8, 2, 64, 192, 40  # V: embedding and LM head rows, 64 * ceil(41 / 64)
     mla = make(**MLA)
     # per layer: qkv_proj D x (H(d+d_R) + r + d_R), kv_up r x 2Hd, o_proj Hd x D, MLP 3 D M, norms 3 x D... listed

@@ -129,14 +129,16 @@ def reference_vha_attention(attn, x, cos, sin):
             M = torch.eye(H, dtype=x.dtype) + attn.postmix_V @ attn.postmix_U.T
             act = F.silu if cfg.vha_postmix_act == "silu" else (lambda z: z)
             z = [sum(attn.postmix_U[h, r] * heads[h] for h in range(H)) for r in range(cfg.vha_postmix_rank)]
-            heads = [heads[j] + sum(attn.postmix_V[j, r] * act(z[r]) for r in range(cfg.vha_postmix_rank)) for j in range(H)]
+            heads = [heads[j] + sum(attn.postmix_V[j, r] * act(z[r]) for r in range(cfg.vha_postmix_rank))
+                     for j in range(H)]
             if cfg.vha_postmix_act == "linear":  # the same thing as the operator M on the head axis
                 assert cfg.has_postmix and M.shape == (H, H)
         outs.append(torch.cat(heads, -1) @ attn.o_proj.weight.T)  # (T, D)
     return torch.stack(outs)
 
 
-@pytest.mark.parametrize("name", ["vha", "vha_kv1", "vha_kv4", "premix_only", "postmix_only", "vha_silu", "vha_no_qknorm", "gqa"])
+@pytest.mark.parametrize("name", ["vha", "vha_kv1", "vha_kv4", "premix_only", "postmix_only", "vha_silu",
+                                  "vha_no_qknorm", "gqa"])
 @pytest.mark.parametrize("impl", ["sdpa", "plain"])
 def test_attention_equals_per_head_reference_float64(name, impl):
     model = make(attn_impl=impl, **VARIANTS[name])
@@ -232,7 +234,8 @@ def test_fused_projections_equal_separate_ones_float64(name):
     q, k, v = a.qkv_proj(x).split(a.qkv_split, dim=-1)
     for got, key in ((q, "q_proj"), (k, "k_proj"), (v, "v_proj")):
         assert torch.allclose(got, x @ parts[f"blocks.1.attn.{key}.weight"].t(), rtol=0, atol=1e-14)
-    ref = (F.silu(x @ parts["blocks.1.mlp.gate_proj.weight"].t()) * (x @ parts["blocks.1.mlp.up_proj.weight"].t())) @ mlp.down_proj.weight.t()
+    ref = (F.silu(x @ parts["blocks.1.mlp.gate_proj.weight"].t())
+           * (x @ parts["blocks.1.mlp.up_proj.weight"].t())) @ mlp.down_proj.weight.t()
     assert torch.allclose(mlp(x), ref, rtol=0, atol=1e-14)
 
 
@@ -254,11 +257,14 @@ def test_decode_layout_changes_memory_order_only():
 @pytest.mark.parametrize("tied", [True, False])
 def test_padded_rows_exist_but_no_padded_id_is_ever_returned(vocab, padded, tied):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=vocab, block_size=16, n_layer=1, n_embd=16, n_head=2, n_kv_head=1, tie_embeddings=tied)).eval()
+    model = GPT(GPTConfig(vocab_size=vocab, block_size=16, n_layer=1, n_embd=16, n_head=2, n_kv_head=1,
+                          tie_embeddings=tied)).eval()
     assert model.cfg.padded_vocab == padded and model.cfg.vocab_size == vocab
     assert model.embed.weight.shape == model.lm_head.weight.shape == (padded, 16)
-    assert torch.count_nonzero(model.lm_head.weight[vocab:]) == 0 and torch.count_nonzero(model.lm_head.weight[:vocab]) > 0
-    with torch.no_grad():  # padded rows that would win every argmax and take all the probability, were they not sliced off
+    assert (torch.count_nonzero(model.lm_head.weight[vocab:]) == 0
+            and torch.count_nonzero(model.lm_head.weight[:vocab]) > 0)
+    # padded rows that would win every argmax and take all the probability, were they not sliced off
+    with torch.no_grad():
         model.lm_head.weight[vocab:] = 1e3 * torch.randn(padded - vocab, 16)
     x = torch.randint(0, vocab, (2, 6))
     logits, loss = model(x, x)
@@ -271,7 +277,8 @@ def test_padded_rows_exist_but_no_padded_id_is_ever_returned(vocab, padded, tied
 
 
 def unpadded_reference(model, idx):
-    """The model without padding, by hand: embedding and LM head from the first vocab_size rows only. -> (B, T, vocab)"""
+    """The model without padding, by hand: embedding and LM head from the first vocab_size rows only.
+    -> (B, T, vocab)"""
     V, c = model.cfg.vocab_size, model.cfg
     cos, sin = rope_cos_sin(torch.arange(idx.size(1)), c.rope_dim, c.rope_theta, model.embed.weight.dtype)
     x = model.embed.weight[:V][idx]  # (B, T, D): a (V, D) table
@@ -302,17 +309,23 @@ def test_one_seed_gives_variants_the_same_init_where_shapes_agree():
     torch.manual_seed share the embedding, MLPs, the KV heads they have in common and W_o; another seed differs."""
     def build(seed=100, **kw):
         torch.manual_seed(seed)
-        return dict(GPT(GPTConfig(vocab_size=275, block_size=49, n_layer=2, n_embd=64, n_head=8, head_dim=8, **kw)).named_parameters())
+        return dict(GPT(GPTConfig(vocab_size=275, block_size=49, n_layer=2, n_embd=64, n_head=8, head_dim=8,
+                                  **kw)).named_parameters())
     mha, gqa2, vha = build(n_kv_head=8, attn="gqa"), build(n_kv_head=2, attn="gqa"), build(n_kv_head=2, attn="vha")
-    qkv = "blocks.1.attn.qkv_proj.weight"  # rows: q heads (8 or VHA's 4 physical), then k heads, then v heads, 8 rows each
-    for name in ("embed.weight", "blocks.0.mlp.gate_up_proj.weight", "blocks.1.mlp.down_proj.weight", "blocks.0.attn.o_proj.weight"):
+    # rows: q heads (8 or VHA's 4 physical), then k heads, then v heads, 8 rows each
+    qkv = "blocks.1.attn.qkv_proj.weight"
+    for name in ("embed.weight", "blocks.0.mlp.gate_up_proj.weight", "blocks.1.mlp.down_proj.weight",
+                 "blocks.0.attn.o_proj.weight"):
         assert torch.equal(mha[name], gqa2[name]) and torch.equal(vha[name], gqa2[name]), name
     assert torch.equal(mha[qkv][64:80], gqa2[qkv][64:80])  # k heads 0, 1
-    assert torch.equal(vha[qkv][:32], gqa2[qkv][:32]) and torch.equal(vha[qkv][32:64], gqa2[qkv][64:96])  # q heads 0-3; k, v
+    # q heads 0-3; k, v
+    assert torch.equal(vha[qkv][:32], gqa2[qkv][:32]) and torch.equal(vha[qkv][32:64], gqa2[qkv][64:96])
     assert not torch.equal(mha[qkv][64:72], mha[qkv][72:80])  # heads are not copies of each other
     other = build(seed=101, n_kv_head=2, attn="gqa")
     assert not torch.equal(other["embed.weight"], gqa2["embed.weight"])
     torch.manual_seed(100)
-    a, b = GPT(GPTConfig(vocab_size=64, n_layer=1, n_embd=32, n_head=4, n_kv_head=2)), GPT(GPTConfig(vocab_size=64, n_layer=1, n_embd=32, n_head=4, n_kv_head=2))
-    assert not torch.equal(a.embed.weight, b.embed.weight)  # two models in a row still differ: the seed is drawn, not read
+    a, b = (GPT(GPTConfig(vocab_size=64, n_layer=1, n_embd=32, n_head=4, n_kv_head=2)),
+            GPT(GPTConfig(vocab_size=64, n_layer=1, n_embd=32, n_head=4, n_kv_head=2)))
+    # two models in a row still differ: the seed is drawn, not read
+    assert not torch.equal(a.embed.weight, b.embed.weight)
     assert abs(gqa2["blocks.0.mlp.gate_up_proj.weight"].std().item() - 0.02) < 0.001

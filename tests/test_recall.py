@@ -96,13 +96,15 @@ def test_curriculum_modes_floor_and_mix():
     2 to 16, not at 27 as rounding gives); mix draws every row's level from the easiest up to the ramp's; ramp is one
     generator call at one level (the stream of every earlier run)."""
     s = tasks.make_spec("mqar", n_pairs=16, n_keys=128, n_values=128)
-    assert [tasks.level(s, it / 750) for it in (26, 27)] == [2, 3] and [tasks.level(s, it / 750, "floor") for it in (53, 54)] == [2, 3]
+    assert [tasks.level(s, it / 750) for it in (26, 27)] == [2, 3] and [
+        tasks.level(s, it / 750, "floor") for it in (53, 54)] == [2, 3]
     assert tasks.level(s, 1.0, "floor") == 16 and tasks.level(s, 1.0, "mix") == 16
     assert [tasks.level(s, it / 750, "mix_floor") for it in (53, 54)] == [2, 3]  # mix_floor: mix up to floor's level
     assert ((tasks.batch(s, 512, np.random.default_rng(5), 53 / 750, "mix_floor")[1] >= 0).sum(1) == 2).all()
     x, y = tasks.batch(s, 64, np.random.default_rng(5), 0.5)
     x0, y0 = tasks.mqar(np.random.default_rng(5), 64, dict(s, n_pairs=9))
-    assert np.array_equal(x[:, :x0.shape[1]], x0) and np.array_equal(y[:, :y0.shape[1]], y0) and (x[:, x0.shape[1]:] == tasks.PAD).all()
+    assert (np.array_equal(x[:, :x0.shape[1]], x0) and np.array_equal(y[:, :y0.shape[1]], y0)
+            and (x[:, x0.shape[1]:] == tasks.PAD).all())
     x, y = tasks.batch(s, 512, np.random.default_rng(5), 1.0, "mix")
     pairs = (y >= 0).sum(1)  # answers per row = its number of pairs
     assert x.shape == (512, tasks.row_length(s)) and pairs.min() == 2 and pairs.max() == 16 and len(set(pairs)) == 15
@@ -128,7 +130,8 @@ def test_the_loss_reads_only_the_answers():
     spec = tasks.make_spec("mqar", n_pairs=4, n_keys=16, n_values=16)
     x, y = (torch.from_numpy(a) for a in tasks.batch(spec, 3, np.random.default_rng(0)))
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=tasks.vocab_size(spec), block_size=16, n_layer=1, n_embd=16, n_head=2, n_kv_head=1)).double()
+    model = GPT(GPTConfig(vocab_size=tasks.vocab_size(spec), block_size=16, n_layer=1, n_embd=16, n_head=2,
+                          n_kv_head=1)).double()
     logits, loss = model(x, y)
     answers = y >= 0
     assert torch.allclose(loss, F.cross_entropy(logits[answers], y[answers]), rtol=1e-12, atol=0)
@@ -149,9 +152,9 @@ def test_prepare_writes_a_row_dataset(tmp_path):
     assert bad.returncode != 0 and bad.stderr.strip().startswith("error:") and "distinct" in bad.stderr
 
 
-ROWS = ["--n_layer=1", "--n_embd=32", "--n_head=4", "--n_kv_head=2", "--head_dim=8", "--batch_size=16", "--block_size=13",
-        "--eval_iters=1", "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3", "--device=cpu", "--dtype=float32",
-        "--rope_theta=1e6", "--attn=vha"]
+ROWS = ["--n_layer=1", "--n_embd=32", "--n_head=4", "--n_kv_head=2", "--head_dim=8", "--batch_size=16",
+        "--block_size=13", "--eval_iters=1", "--log_interval=1", "--warmup_iters=2", "--learning_rate=3e-3",
+        "--device=cpu", "--dtype=float32", "--rope_theta=1e6", "--attn=vha"]
 
 
 def log_rows(out):
@@ -162,7 +165,8 @@ def log_rows(out):
 def test_row_training_logs_accuracy_follows_the_curriculum_and_resumes_exactly(tmp_path):
     data = tmp_path / "data"
     prepare(data, "--n_pairs", 4, "--n_keys", 8, "--n_values", 8, "--curriculum_start", 1)
-    common = ["train.py", *ROWS, f"--data_dir={data}", "--max_iters=8", "--lr_decay_iters=8", "--eval_interval=2", "--curriculum_iters=6"]
+    common = ["train.py", *ROWS, f"--data_dir={data}", "--max_iters=8", "--lr_decay_iters=8", "--eval_interval=2",
+              "--curriculum_iters=6"]
     run(*common, f"--out_dir={tmp_path / 'a'}")
     evals = [r for r in log_rows(tmp_path / "a") if "val_loss" in r]
     assert [r["difficulty"] for r in evals] == [1, 2, 3, 4, 4]  # pairs: 1 + 3 * it/6, rounded
@@ -187,7 +191,8 @@ def test_data_stream_changes_the_batches_paired_init_the_weights_and_stop_at_acc
         run(*common, f"--out_dir={tmp_path / name}", *extra)
     assert first("stream", "val_loss") == first("a", "val_loss") and first("stream", "loss") != first("a", "loss")
     assert first("unpaired", "val_loss") != first("a", "val_loss")  # another init, scored on the same held-out rows
-    stop = [*common[:-3], "--max_iters=40", "--lr_decay_iters=40", "--eval_interval=4", "--stop_at_acc=0.15", f"--out_dir={tmp_path / 's'}"]
+    stop = [*common[:-3], "--max_iters=40", "--lr_decay_iters=40", "--eval_interval=4", "--stop_at_acc=0.15",
+            f"--out_dir={tmp_path / 's'}"]
     out = run(*stop).stdout
     evals = [r for r in log_rows(tmp_path / "s") if "val_acc" in r]
     assert evals[-1]["stopped"] and evals[-1]["val_acc"] >= 0.15 > max(r["val_acc"] for r in evals[:-1]), out
@@ -202,5 +207,6 @@ def test_a_row_dataset_without_its_held_out_rows_is_reported(tmp_path):
     (data / "val.npz").unlink()
     meta = (data / "meta.pkl").read_bytes()
     proc = run("train.py", *ROWS, f"--data_dir={data}", f"--out_dir={tmp_path / 'o'}", "--max_iters=2", check=False)
-    assert proc.returncode != 0 and proc.stderr.strip().startswith("error: the dataset in") and "incomplete or corrupt" in proc.stderr
+    assert (proc.returncode != 0 and proc.stderr.strip().startswith("error: the dataset in")
+            and "incomplete or corrupt" in proc.stderr)
     assert (data / "meta.pkl").read_bytes() == meta and not (data / "val.npz").exists()  # nothing prepared over it

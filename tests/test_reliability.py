@@ -98,8 +98,9 @@ def test_sigkill_at_random_moments_and_mid_checkpoint_then_resume_is_exact(char_
     rnd, ckpt = random.Random(0), os.path.join(part, "ckpt.pt")
     for how, target in [("random", rnd.randint(5, 12)), ("mid-write", 25), ("random", rnd.randint(38, 48))]:
         init = "resume" if os.path.exists(ckpt) else "scratch"
-        proc = subprocess.Popen([sys.executable, "train.py", f"--out_dir={part}", f"--init_from={init}", *args], cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **ONE_THREAD})
+        proc = subprocess.Popen([sys.executable, "train.py", f"--out_dir={part}", f"--init_from={init}", *args],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, **ONE_THREAD})
         try:
             while last_iter(part) < target:  # let it reach the target iteration
                 assert proc.poll() is None, f"the run ended before iteration {target}"
@@ -162,7 +163,8 @@ def test_checkpoint_write_failure_keeps_the_previous_one(char_data, copy):
 BAD_TRAIN = {  # id: (extra args, env, needles)
     "unknown key": (["--n_layers=2"], {}, ["unknown config key 'n_layers'"]),
     "wrong type": (["--max_iters=lots"], {}, ["'max_iters' wants a int"]),
-    "no such config file": (["config/does_not_exist.py"], {}, ["config file 'config/does_not_exist.py' does not exist"]),
+    "no such config file": (["config/does_not_exist.py"], {},
+                            ["config file 'config/does_not_exist.py' does not exist"]),
     "heads not divisible": (["--n_head=6", "--n_kv_head=4"], {}, ["n_head % n_kv_head != 0"]),
     "postmix rank too large": (["--vha_postmix_rank=9"], {}, ["vha_postmix_rank must be in [1, 4]"]),
     "width not divisible": (["--n_embd=30"], {}, ["n_embd % n_head != 0"]),
@@ -173,9 +175,9 @@ BAD_TRAIN = {  # id: (extra args, env, needles)
     "min_lr above lr": (["--min_lr=1.0"], {}, ["min_lr=1.0 must be in [0, learning_rate=0.003]"]),
     "missing GPU": (["--device=cuda:99"], {}, ["device 'cuda:99' asked for"]),
     # exactly the environment torchrun gives each of 2 processes; the check runs before any rendezvous
-    "accumulation not divisible by processes": (["--gradient_accumulation_steps=3"],
-                                                {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"},
-                                                ["gradient_accumulation_steps=3 must be a multiple of the 2 processes"]),
+    "accumulation not divisible by processes": (
+        ["--gradient_accumulation_steps=3"], {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"},
+        ["gradient_accumulation_steps=3 must be a multiple of the 2 processes"]),
 }
 
 
@@ -196,14 +198,16 @@ def test_not_enough_disk_for_the_checkpoints(char_data, tmp_path):
     """A real check on the real disk: this model's checkpoints would need ~20 TB (counted on the meta device)."""
     out = tmp_path / "out"
     huge = ["--n_layer=4", "--n_embd=131072", "--n_head=1024", "--n_kv_head=8"]
-    err = fails(run("train.py", *train_args(char_data, out), *huge), "MB free but checkpoints of this", "free some space")
+    err = fails(run("train.py", *train_args(char_data, out), *huge), "MB free but checkpoints of this",
+                "free some space")
     free, need = [int(n.replace(",", "")) for n in re.findall(r"([\d,]+) MB", err)]
     assert need > 10_000_000 > free  # a 697B-parameter model: weights + 2 Adam moments, twice, in fp32
 
 
 def test_scratch_refuses_to_overwrite_a_checkpoint(char_data, copy):
     before = snapshot(copy)
-    fails(run("train.py", *train_args(char_data, copy, "--max_iters=10")), "exists and init_from='scratch' would overwrite it")
+    fails(run("train.py", *train_args(char_data, copy, "--max_iters=10")),
+          "exists and init_from='scratch' would overwrite it")
     assert snapshot(copy) == before
 
 
@@ -295,7 +299,8 @@ def test_resume_from_a_bad_checkpoint(char_data, copy, case):
     damage, needles = DAMAGED[case]
     damage(os.path.join(copy, "ckpt.pt"))
     before = snapshot(copy)
-    fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume")), "cannot resume", *needles)
+    fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume")), "cannot resume",
+          *needles)
     assert snapshot(copy) == before
 
 
@@ -352,7 +357,8 @@ def test_configurator_rejects_none_broken_files_and_unknown_devices(tmp_path):
     from nanovha.config import ConfigError, configure, resolve_device
     defaults = {"batch_size": 16, "compile": None, "top_k": 200}
     optional = {"compile": bool, "top_k": int}
-    assert configure(defaults, ["--compile=True", "--top_k=None"], optional) == {"batch_size": 16, "compile": True, "top_k": None}
+    assert configure(defaults, ["--compile=True", "--top_k=None"], optional) == {"batch_size": 16, "compile": True,
+                                                                                 "top_k": None}
     with pytest.raises(ConfigError, match="'compile' wants a bool or None, got 'yes'"):
         configure(defaults, ["--compile=yes"], optional)
     with pytest.raises(ConfigError, match="'batch_size' cannot be None"):

@@ -30,7 +30,8 @@ def test_smoke_sweep_writes_results_and_folded_vha_scores_identically(smoke, tmp
     assert sorted((r["variant"], r["seed"]) for r in rows) == [("gqa2", 200), ("gqa2", 201), ("vha", 200), ("vha", 201)]
     for r in rows:
         assert 0 <= r["acc"] <= 1 and r["curve"][-1] == [6, r["acc"]] and r["kv_bytes_per_token"] == 2 * 2 * 1 * 8 * 2
-        assert r["steps_to_90"] == 6 and 0 <= r["auc"] <= r["acc"] + 1e-9  # tiny runs never learn: the budget, a lower bound
+        # tiny runs never learn: the budget, a lower bound
+        assert r["steps_to_90"] == 6 and 0 <= r["auc"] <= r["acc"] + 1e-9
     gqa, vha = ([r for r in rows if r["variant"] == v and r["seed"] == 200][0] for v in ("gqa2", "vha"))
     assert gqa["args"][3:] != vha["args"][3:] and "--attn=vha" in vha["args"] and "--stop_at_acc=0.99" in vha["args"]
     for r in rows:  # the deployed (folded) model gives the same argmax everywhere, so the same score
@@ -52,14 +53,17 @@ def test_smoke_sweep_writes_results_and_folded_vha_scores_identically(smoke, tmp
 @pytest.mark.slow
 def test_robustness_runs_each_change_and_reports(smoke, tmp_path):
     root = shutil.copytree(smoke[0], tmp_path / "root")  # the recipe's row is the sweep's own runs
-    out = run("sweep.py", "robust", "--smoke", f"--sweep_root={root}", env={**ENV, "MPLCONFIGDIR": str(root / "mpl")}).stdout
+    out = run("sweep.py", "robust", "--smoke", f"--sweep_root={root}",
+              env={**ENV, "MPLCONFIGDIR": str(root / "mpl")}).stdout
     report = (root / "robust.md").read_text()
     for name in ["recipe", *sweep.ROBUSTNESS]:
         assert f"| {name} | 0/" in report
     assert out.count("done before, skipped") == 1  # the recipe's gqa2 seed 200 (robust_seeds=1 in --smoke)
-    args = read_json(root / "robust" / "independent_init" / "runs" / "n_keys=16,n_values=16" / "gqa2" / "seed200" / "result.json")["args"]
+    args = read_json(root / "robust" / "independent_init" / "runs" / "n_keys=16,n_values=16" / "gqa2" / "seed200"
+                     / "result.json")["args"]
     assert "--paired_init=False" in args and "--n_layer=1" in args  # the change comes after the preset's own overrides
-    short = read_json(root / "robust" / "ramp_short" / "runs" / "n_keys=16,n_values=16" / "gqa2" / "seed200" / "result.json")
+    short = read_json(root / "robust" / "ramp_short" / "runs" / "n_keys=16,n_values=16" / "gqa2" / "seed200"
+                      / "result.json")
     assert "--curriculum_iters=3" in short["args"]  # 10% off the smoke preset's 3 steps rounds back to 3
 
 
@@ -79,22 +83,28 @@ def test_area_under_the_curve_stays_at_the_last_value_after_an_early_stop():
 
 def test_folders_from_the_old_ablate_sweep_still_report(tmp_path, monkeypatch):
     # a result.json as ablate.py sweep wrote it (eval every 50 steps, no early stop, its own steps_to fields)
-    for variant, seed, curve in [("gqa2", 1, [[0, 0.0], [50, 0.5], [100, 1.0]]), ("mha", 1, [[0, 0.0], [50, 0.9], [100, 1.0]]),
-                                 ("gqa2", 2, [[0, 0.0], [50, 0.1], [100, 0.1]]), ("mha", 2, [[0, 0.0], [50, 0.9], [100, 1.0]])]:
+    for variant, seed, curve in [("gqa2", 1, [[0, 0.0], [50, 0.5], [100, 1.0]]),
+                                 ("mha", 1, [[0, 0.0], [50, 0.9], [100, 1.0]]),
+                                 ("gqa2", 2, [[0, 0.0], [50, 0.1], [100, 0.1]]),
+                                 ("mha", 2, [[0, 0.0], [50, 0.9], [100, 1.0]])]:
         folder = tmp_path / "runs" / "n_keys=64,n_values=64" / variant / f"seed{seed}"
         folder.mkdir(parents=True)
-        res = {"point": "n_keys=64,n_values=64", "variant": variant, "seed": seed, "args": [], "spec": {"task": "mqar"}, "iters": 100,
-               "acc": curve[-1][1], "exact": 0.0, "curve": curve, "steps_to_50": None, "steps_to_90": None, "params": 1,
-               "kv_bytes_per_token": 64, "train_s": 1.0, "wall_s": 1.0}
+        res = {"point": "n_keys=64,n_values=64", "variant": variant, "seed": seed, "args": [], "spec": {"task": "mqar"},
+               "iters": 100, "acc": curve[-1][1], "exact": 0.0, "curve": curve, "steps_to_50": None,
+               "steps_to_90": None,
+               "params": 1, "kv_bytes_per_token": 64, "train_s": 1.0, "wall_s": 1.0}
         (folder / "result.json").write_text(json.dumps(res))
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
-    _, cfg = sweep.parse_args(["report", f"--sweep_root={tmp_path}", "--points=n_keys=64,n_values=64", "--sweep_variants=mha,gqa2"])
+    _, cfg = sweep.parse_args(["report", f"--sweep_root={tmp_path}", "--points=n_keys=64,n_values=64",
+                               "--sweep_variants=mha,gqa2"])
     sweep.cmd_report(cfg)
     rows = {(r["variant"], r["seed"]): r for r in read_json(tmp_path / "sweep.json")}
-    assert rows["gqa2", 1]["steps_to_90"] == pytest.approx(90) and rows["gqa2", 2]["steps_to_90"] == 100  # from the curve
+    # from the curve
+    assert rows["gqa2", 1]["steps_to_90"] == pytest.approx(90) and rows["gqa2", 2]["steps_to_90"] == 100
     assert rows["mha", 2]["steps_to_90"] == 50
     line = next(x for x in (tmp_path / "sweep.md").read_text().splitlines() if x.startswith("| mha vs gqa2 |"))
-    assert "| -45 ± 5 (9.0 SE, n=2) | 10 |" in line  # paired: 50 - 90, 50 - 100; not resolved with 1 df (needs 12.7 SE)
+    # paired: 50 - 90, 50 - 100; not resolved with 1 df (needs 12.7 SE)
+    assert "| -45 ± 5 (9.0 SE, n=2) | 10 |" in line
     assert "| 1 / 0 (p = 1) |" in line  # success (>= 90% at the end): seed 2 only for mha
 
 
@@ -121,7 +131,7 @@ def test_the_recipe_learns_where_the_old_ramp_stalled(tmp_path):
     curriculum ends (step 750). About 30 s at one thread."""
     data = tmp_path / "data"
     run("data/recall/prepare.py", "--n_keys=128", "--n_values=128", "--n_val=512", f"--out_dir={data}")
-    run("train.py", "config/recall_mqar.py", f"--data_dir={data}", f"--out_dir={tmp_path / 'out'}", "--seed=100", "--n_kv_head=2",
-        "--stop_at_acc=0.9", "--write_checkpoint=False", env=ENV)
+    run("train.py", "config/recall_mqar.py", f"--data_dir={data}", f"--out_dir={tmp_path / 'out'}", "--seed=100",
+        "--n_kv_head=2", "--stop_at_acc=0.9", "--write_checkpoint=False", env=ENV)
     evals = [json.loads(line) for line in open(tmp_path / "out" / "log.jsonl") if '"val_acc"' in line]
     assert evals[-1].get("stopped") and evals[-1]["val_acc"] >= 0.9 and evals[-1]["iter"] <= 750, evals[-1]

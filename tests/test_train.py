@@ -34,7 +34,8 @@ def test_tiny_training_lowers_the_loss(trained):
 @pytest.mark.parametrize("attn_args", [  # VHA in the quick suite, the other kinds in the slow one
     pytest.param(["--attn=vha"], id="vha"),
     pytest.param(["--attn=gqa", "--dropout=0.1"], id="gqa", marks=pytest.mark.slow),
-    pytest.param(["--attn=mla", "--n_kv_head=4", "--qk_norm=False", "--mla_kv_rank=12", "--mla_rope_dim=4"], id="mla", marks=pytest.mark.slow),
+    pytest.param(["--attn=mla", "--n_kv_head=4", "--qk_norm=False", "--mla_kv_rank=12", "--mla_rope_dim=4"], id="mla",
+                 marks=pytest.mark.slow),
     pytest.param(["--attn=mfa", "--n_kv_head=1", "--head_dim=16", "--q_rank=16"], id="mfa", marks=pytest.mark.slow)])
 def test_resume_reproduces_the_uninterrupted_run_exactly(char_data, tmp_path, attn_args):
     common = [f"--data_dir={char_data}", "--eval_interval=10", "--lr_decay_iters=30", *TINY_MODEL, *attn_args]
@@ -51,7 +52,8 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(char_data, tmp_path, at
 def test_write_checkpoint_false_trains_and_logs_but_writes_no_checkpoint(char_data, tmp_path):
     """What gpu_check's smoke run uses: the evals and the log as usual, no ckpt.pt (1.4 GB at the smoke's size)."""
     out = str(tmp_path / "out")
-    run("train.py", f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=3", "--write_checkpoint=False",
+    run("train.py", f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=3",
+        "--write_checkpoint=False",
         *TINY_MODEL)
     assert [r["iter"] for r in read_log(out) if "val_loss" in r] == [0, 3, 6]
     assert sorted(os.listdir(out)) == ["log.jsonl"]
@@ -64,12 +66,14 @@ def test_unknown_key_and_bad_type_are_errors(char_data, tmp_path):
     assert proc.returncode != 0 and "'max_iters' wants a int" in proc.stderr
     proc = run("train.py", "config/does_not_exist.py", check=False)
     assert proc.returncode != 0 and "does not exist" in proc.stderr
-    proc = run("train.py", f"--data_dir={char_data}", f"--out_dir={tmp_path}", "--n_head=6", "--n_kv_head=4", check=False)
+    proc = run("train.py", f"--data_dir={char_data}", f"--out_dir={tmp_path}", "--n_head=6", "--n_kv_head=4",
+               check=False)
     assert proc.returncode != 0 and "n_head % n_kv_head != 0" in proc.stderr
 
 
 def test_sample_char(trained):
-    proc = run("sample.py", f"--out_dir={trained}", "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=20", "--device=cpu")
+    proc = run("sample.py", f"--out_dir={trained}", "--start=ROMEO:", "--num_samples=2", "--max_new_tokens=20",
+               "--device=cpu")
     texts = proc.stdout.split("---------------")
     assert texts[0].startswith("ROMEO:") and len(texts) == 3
     greedy = [run("sample.py", f"--out_dir={trained}", "--start=KING", "--num_samples=1", "--max_new_tokens=20",

@@ -23,7 +23,8 @@ def smoke(char_data, tmp_path_factory):
 def test_smoke_pipeline_reports_every_row(smoke):
     root, out, _ = smoke
     assert "reduced comparison" in out
-    assert os.path.exists(root / "converted" / "vha" / "ckpt.pt") and os.path.exists(root / "converted" / "gqa" / "ckpt.pt")
+    assert os.path.exists(root / "converted" / "vha" / "ckpt.pt") and os.path.exists(
+        root / "converted" / "gqa" / "ckpt.pt")
     report = (root / "report.md").read_text()
     for v in uptrain.WARM | uptrain.SCRATCH:
         assert f"| {v} |" in report
@@ -59,7 +60,8 @@ def test_paired_difference_is_the_hand_computation(smoke):
 @pytest.mark.slow
 def test_second_invocation_skips_every_finished_run(smoke):
     root, _, args = smoke
-    results = sorted(root.glob("runs/*/seed*/result.json")) + sorted(root.glob("converted/*/ckpt.pt")) + [root / "teacher" / "ckpt.pt"]
+    results = (sorted(root.glob("runs/*/seed*/result.json")) + sorted(root.glob("converted/*/ckpt.pt"))
+               + [root / "teacher" / "ckpt.pt"])
     before = {p: os.path.getmtime(p) for p in results}
     out = run("uptrain.py", *args).stdout
     assert out.count("done before, skipped") == len(uptrain.VARIANTS) * 2 + 2  # every run and both conversions
@@ -71,18 +73,22 @@ def test_budgets_and_warm_up_argv():
     _, cfg = uptrain.parse_args([])
     assert (cfg["teacher_iters"], cfg["warm_iters"], cfg["freeze_iters"], cfg["n_seeds"]) == (1200, 120, 30, 5)
     warm = uptrain.run_args(cfg, "vha_warm_kd", 3, "/tmp/x")
-    assert warm[0].endswith(os.path.join("converted", "vha", "ckpt.pt")) and "--seed=3" in warm and "--freeze_iters=30" in warm
+    assert (warm[0].endswith(os.path.join("converted", "vha", "ckpt.pt")) and "--seed=3" in warm
+            and "--freeze_iters=30" in warm)
     assert "--distill_alpha=0.7" in warm and any(a.startswith("--teacher=") for a in warm)
     plain = uptrain.run_args(cfg, "gqa_uptrain", 3, "/tmp/x")
     assert plain[0].endswith(os.path.join("converted", "gqa", "ckpt.pt")) and not any("distill" in a for a in plain)
-    schedule = lambda a: [x for x in a if x.startswith(("--learning_rate", "--min_lr", "--warmup_iters", "--max_iters", "--freeze"))]
+    schedule = lambda a: [x for x in a if x.startswith(("--learning_rate", "--min_lr", "--warmup_iters", "--max_iters",
+                                                          "--freeze"))]
     assert schedule(warm) == schedule(plain)  # one schedule for every warm-up variant
     long = uptrain.run_args(cfg, "gqa_uptrain_kd_long", 3, "/tmp/x")
     assert (cfg["long_warm_iters"], cfg["long_freeze_iters"]) == (600, 150)
-    assert "--max_iters=600" in long and "--lr_decay_iters=600" in long and "--freeze_iters=150" in long and "--distill_alpha=0.7" in long
+    assert ("--max_iters=600" in long and "--lr_decay_iters=600" in long and "--freeze_iters=150" in long
+            and "--distill_alpha=0.7" in long)
     assert [a for a in long if a.startswith(("--learning_rate", "--min_lr", "--warmup_iters"))] == [
         a for a in warm if a.startswith(("--learning_rate", "--min_lr", "--warmup_iters"))]  # only the length differs
     scratch = uptrain.run_args(cfg, "gqa_scratch_short", 3, "/tmp/x")
-    assert scratch[:2] == ["config/vha_small.py", "config/ablations/gqa_same_deploy.py"] and "--max_iters=120" in scratch
+    assert (scratch[:2] == ["config/vha_small.py", "config/ablations/gqa_same_deploy.py"]
+            and "--max_iters=120" in scratch)
     with pytest.raises(SystemExit, match="uptrain_warmup_iters"):
         uptrain.parse_args(["--teacher_iters=50"])

@@ -27,8 +27,8 @@ def start(char_data, tmp_path_factory):
     """(teacher ckpt, converted ckpt): a GQA 4Q/4KV model trained 20 iterations, converted to VHA over 2 KV heads."""
     root = tmp_path_factory.mktemp("warm")
     teacher, conv = str(root / "teacher"), str(root / "conv")
-    run("train.py", f"--data_dir={char_data}", f"--out_dir={teacher}", "--max_iters=20", "--eval_interval=20", "--attn=gqa",
-        "--n_kv_head=4", *TINY)
+    run("train.py", f"--data_dir={char_data}", f"--out_dir={teacher}", "--max_iters=20", "--eval_interval=20",
+        "--attn=gqa", "--n_kv_head=4", *TINY)
     run("convert.py", f"--src={teacher}/ckpt.pt", f"--out_dir={conv}", "--n_kv_head=2")
     return os.path.join(teacher, "ckpt.pt"), os.path.join(conv, "ckpt.pt")
 
@@ -36,7 +36,8 @@ def start(char_data, tmp_path_factory):
 @pytest.fixture(scope="module")
 def warm_runs(char_data, start, tmp_path_factory):
     """An uninterrupted 8-iteration warm-up, and the same run stopped at 4, the end of the freeze (freeze_iters >
-    max_iters is refused; the checkpoint of 4 is copied aside), resumed to 8 without naming the teacher or the freeze."""
+    max_iters is refused; the checkpoint of 4 is copied aside), resumed to 8 without naming the teacher or the
+    freeze."""
     teacher, conv = start
     root = tmp_path_factory.mktemp("runs")
     full, part = str(root / "full"), str(root / "part")
@@ -55,7 +56,7 @@ def weights(path):
 
 @pytest.mark.slow  # the warm_runs fixture: teacher, conversion, two warm-ups and a resume
 def test_warmup_freezes_then_trains_everything(start, warm_runs):
-    conv, (full, part, at4) = weights(start[1]), warm_runs
+    conv, (full, _, at4) = weights(start[1]), warm_runs
     rows = read_log(full)
     assert [r["iter"] for r in rows if "val_loss" in r] == [0, 2, 4, 6, 8]
     steps = [r for r in rows if "loss" in r]
@@ -69,13 +70,13 @@ def test_warmup_freezes_then_trains_everything(start, warm_runs):
 
 
 @pytest.mark.slow  # the warm_runs fixture: teacher, conversion, two warm-ups and a resume
-def test_resumed_warmup_reproduces_the_uninterrupted_run(warm_runs):
+def test_resumed_warmup_reproduces_the_uninterrupted_run(start, warm_runs):
     full, part, _ = warm_runs
     assert losses(read_log(part)) == losses(read_log(full))
     assert torch.equal(torch.cat([t.flatten() for t in weights(os.path.join(part, "ckpt.pt")).values()]),
                        torch.cat([t.flatten() for t in weights(os.path.join(full, "ckpt.pt")).values()]))
     config = load_checkpoint(os.path.join(part, "ckpt.pt"))["config"]
-    assert (config["freeze_iters"], config["distill_alpha"], config["teacher"]) == (4, 0.7, config["teacher"]) and config["teacher"]
+    assert (config["freeze_iters"], config["distill_alpha"], config["teacher"]) == (4, 0.7, start[0])  # as first given
 
 
 @pytest.mark.slow  # the warm_runs fixture: teacher, conversion, two warm-ups and a resume
@@ -91,7 +92,8 @@ def test_resume_refuses_other_warmup_settings(char_data, warm_runs):
 def hand_kd(s, t, y, T, alpha):
     """The equation, position by position, in float64."""
     ce, kl, n = 0.0, 0.0, 0
-    for z_s, z_t, target in zip(s.reshape(-1, s.size(-1)).tolist(), t.reshape(-1, t.size(-1)).tolist(), y.reshape(-1).tolist()):
+    rows = zip(s.reshape(-1, s.size(-1)).tolist(), t.reshape(-1, t.size(-1)).tolist(), y.reshape(-1).tolist())
+    for z_s, z_t, target in rows:
         if target < 0:
             continue
         log_z = math.log(sum(math.exp(v) for v in z_s))
@@ -106,7 +108,8 @@ def hand_kd(s, t, y, T, alpha):
 @pytest.mark.parametrize("alpha, T", [(0.0, 1.0), (0.7, 1.0), (0.7, 2.5), (1.0, 0.5)])
 def test_kd_loss_is_its_equation(alpha, T):
     g = torch.Generator().manual_seed(0)
-    s, t = torch.randn(2, 5, 7, generator=g, dtype=torch.float64) * 2, torch.randn(2, 5, 7, generator=g, dtype=torch.float64) * 2
+    s = torch.randn(2, 5, 7, generator=g, dtype=torch.float64) * 2
+    t = torch.randn(2, 5, 7, generator=g, dtype=torch.float64) * 2
     y = torch.randint(7, (2, 5), generator=g)
     y[0, :3] = -1  # a row dataset: only the answers count
     loss = kd_loss(s, t, y, T, alpha)
@@ -125,7 +128,8 @@ def test_frozen_params_are_everything_but_attention():
     names = {n for n, p in model.named_parameters() if any(p is q for q in frozen_params(model))}
     trained = {n for n, _ in model.named_parameters()} - names
     assert trained and all(any(k in n for k in ("qkv_proj", "o_proj", "premix", "postmix")) for n in trained)
-    assert {n for n in names if ".attn." in n} == {f"blocks.{i}.attn.{k}_norm.weight" for i in range(2) for k in "qk"}  # QK-norm too
+    qk_norms = {f"blocks.{i}.attn.{k}_norm.weight" for i in range(2) for k in "qk"}
+    assert {n for n in names if ".attn." in n} == qk_norms  # QK-norm too
 
 
 def bad_copy(path, tmp_path, **changes):
@@ -143,31 +147,48 @@ def garbage(tmp_path):
 
 
 HF_META = {"tokenizer": "hf", "vocab_size": 151936}
+
+
+def longer_copy(ckpt, folder):
+    """A copy of the checkpoint claiming a 64-token context."""
+    return bad_copy(ckpt, folder, model_args={**load_checkpoint(ckpt)["model_args"], "block_size": 64})
 BAD = {  # id: (args given (teacher, conv, tmp_path), needles)
-    "freeze past max_iters": (lambda t, c, p: [f"--init_from={c}", "--freeze_iters=20"], ["freeze_iters=20 must be in [0, max_iters=10]"]),
-    "alpha above 1": (lambda t, c, p: [f"--teacher={t}", "--distill_alpha=1.5"], ["distill_alpha=1.5 must be in [0, 1]"]),
+    "freeze past max_iters": (lambda t, c, p: [f"--init_from={c}", "--freeze_iters=20"],
+                              ["freeze_iters=20 must be in [0, max_iters=10]"]),
+    "alpha above 1": (lambda t, c, p: [f"--teacher={t}", "--distill_alpha=1.5"],
+                      ["distill_alpha=1.5 must be in [0, 1]"]),
     "temperature 0": (lambda t, c, p: [f"--teacher={t}", "--distill_alpha=0.5", "--distill_temperature=0"],
                       ["distill_temperature=0.0 must be > 0"]),
-    "teacher with alpha 0": (lambda t, c, p: [f"--init_from={c}", f"--teacher={t}"], ["drop --teacher or set --distill_alpha > 0"]),
-    "alpha without teacher": (lambda t, c, p: [f"--init_from={c}", "--distill_alpha=0.7"], ["needs a teacher", "--teacher=PATH"]),
+    "teacher with alpha 0": (lambda t, c, p: [f"--init_from={c}", f"--teacher={t}"],
+                             ["drop --teacher or set --distill_alpha > 0"]),
+    "alpha without teacher": (lambda t, c, p: [f"--init_from={c}", "--distill_alpha=0.7"],
+                              ["needs a teacher", "--teacher=PATH"]),
     "teacher missing": (lambda t, c, p: [f"--init_from={c}", "--teacher=no/such/ckpt.pt", "--distill_alpha=0.7"],
                         ["cannot load teacher=no/such/ckpt.pt", "not found"]),
     "teacher corrupt": (lambda t, c, p: [f"--init_from={c}", f"--teacher={garbage(p)}", "--distill_alpha=0.7"],
                         ["cannot load teacher=", "corrupt or truncated"]),
-    "teacher of another tokenizer": (lambda t, c, p: [f"--init_from={c}", f"--teacher={bad_copy(t, p, meta=HF_META)}", "--distill_alpha=0.7"],
-                                     ["vocab mismatch: the teacher", "hf tokenizer (151936 tokens)", "prepare the data with the model's tokenizer"]),
-    "student of another tokenizer": (lambda t, c, p: [f"--init_from={bad_copy(c, p, meta=HF_META)}"],
-                                     ["vocab mismatch: the checkpoint", "hf tokenizer (151936 tokens)", "--tokenizer=hf"]),
-    "student without meta": (lambda t, c, p: [f"--init_from={bad_copy(c, p, meta=None)}"], ["carries no tokenizer description"]),
-    "student missing": (lambda t, c, p: ["--init_from=no/such.pt"], ["cannot start from init_from=no/such.pt", "not found"]),
-    "student corrupt": (lambda t, c, p: [f"--init_from={garbage(p)}"], ["cannot start from init_from=", "corrupt or truncated"]),
+    "teacher of another tokenizer": (
+        lambda t, c, p: [f"--init_from={c}", f"--teacher={bad_copy(t, p, meta=HF_META)}", "--distill_alpha=0.7"],
+        ["vocab mismatch: the teacher", "hf tokenizer (151936 tokens)", "prepare the data with the model's tokenizer"]),
+    "student of another tokenizer": (
+        lambda t, c, p: [f"--init_from={bad_copy(c, p, meta=HF_META)}"],
+        ["vocab mismatch: the checkpoint", "hf tokenizer (151936 tokens)", "--tokenizer=hf"]),
+    "student without meta": (lambda t, c, p: [f"--init_from={bad_copy(c, p, meta=None)}"],
+                             ["carries no tokenizer description"]),
+    "student missing": (lambda t, c, p: ["--init_from=no/such.pt"],
+                        ["cannot start from init_from=no/such.pt", "not found"]),
+    "student corrupt": (lambda t, c, p: [f"--init_from={garbage(p)}"],
+                        ["cannot start from init_from=", "corrupt or truncated"]),
     "student not loadable": (lambda t, c, p: [f"--init_from={bad_copy(c, p, model={})}"], ["holds no loadable model"]),
-    "model knob contradicts": (lambda t, c, p: [f"--init_from={c}", "--n_layer=3"],
-                               ["a new run keeps its checkpoint's model, but you set n_layer=3 (checkpoint: 2); drop them"]),
-    "block_size past the checkpoint's": (lambda t, c, p: [f"--init_from={c}", "--block_size=64"], ["block_size=64 is past the checkpoint's 32"]),
-    "teacher context too short": (lambda t, c, p: [f"--init_from={bad_copy(c, p, model_args={**load_checkpoint(c)['model_args'], 'block_size': 64})}",
-                                                   "--block_size=64", f"--teacher={t}", "--distill_alpha=0.7"],
-                                  ["the teacher", "at most 32 tokens, this run's are 64"]),
+    "model knob contradicts": (
+        lambda t, c, p: [f"--init_from={c}", "--n_layer=3"],
+        ["a new run keeps its checkpoint's model, but you set n_layer=3 (checkpoint: 2); drop them"]),
+    "block_size past the checkpoint's": (lambda t, c, p: [f"--init_from={c}", "--block_size=64"],
+                                         ["block_size=64 is past the checkpoint's 32"]),
+    "teacher context too short": (
+        lambda t, c, p: [f"--init_from={longer_copy(c, p)}", "--block_size=64", f"--teacher={t}",
+                         "--distill_alpha=0.7"],
+        ["the teacher", "at most 32 tokens, this run's are 64"]),
 }
 
 
@@ -176,7 +197,8 @@ def test_bad_warmup_settings(char_data, start, tmp_path, case):
     make_args, needles = BAD[case]
     out = tmp_path / "out"
     args = make_args(*start, tmp_path)
-    fails(run("train.py", f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=10", *TINY, *args, check=False), *needles)
+    fails(run("train.py", f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=10", *TINY, *args, check=False),
+          *needles)
     assert not (out / "ckpt.pt").exists() and not (out / "log.jsonl").exists()
 
 
@@ -186,6 +208,7 @@ def test_init_from_its_own_checkpoint_is_resume(char_data, start, tmp_path):
     shutil.copy(start[1], out / "ckpt.pt")
     before = snapshot(out)
     for given in (out / "ckpt.pt", out):  # the file, or the out_dir holding it
-        fails(run("train.py", f"--data_dir={char_data}", f"--out_dir={out}", f"--init_from={given}", *TINY, check=False),
+        fails(run("train.py", f"--data_dir={char_data}", f"--out_dir={out}", f"--init_from={given}", *TINY,
+                  check=False),
               "is this out_dir's own checkpoint: continuing it is --init_from=resume")
     assert snapshot(out) == before
