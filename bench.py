@@ -136,7 +136,8 @@ def run_costs():
     rows = []
     for path in map(in_repo, cost_configs.split(",")):
         try:  # train.py's keys: the base, then the diff; keep the ones GPTConfig knows
-            values = config_file_values(path, config_file_values(in_repo(cost_base)))
+            base = config_file_values(in_repo(cost_base))
+            values = {**base, **config_file_values(path, base)}
         except ConfigError as e:
             need(False, e)
         known = {k: v for k, v in values.items() if k in GPTConfig.__dataclass_fields__}

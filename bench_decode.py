@@ -26,9 +26,9 @@ from model import GPT, GPTConfig, fold_to_gqa, grouped_decode_attention, sdpa
 from nanovha import llamacpp
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.compiled_decode import compiled_decode, default_folder
-from nanovha.config import flat_defaults, need, settings
+from nanovha.config import flat_defaults, need, settings, stop_if
 from nanovha.hardware import choose_decode_dtype, copy_bandwidth, cpu_kind, interleaved as interleaved_on
-from nanovha.hardware import matmul_peak, print_table, timed as timed_on, verdict
+from nanovha.hardware import matmul_peak, memory_problem, print_table, timed as timed_on, verdict
 
 # -----------------------------------------------------------------------------
 n_layer = 6
@@ -424,6 +424,10 @@ def run_decode():
     top_auto = 18 if device_type == "cuda" else 15
     ctxs = [2**i for i in range(10, top_auto)] if contexts == "auto" else [int(p) for p in parts]
     models, fold_diffs, meta = decode_models()
+    caches = sum(m.cfg.kv_values_per_token for m in models.values()) * max(ctxs) * batch_size * 4  # float32 at most
+    stop_if(memory_problem(caches + sum(weight_bytes(m) for m in models.values()), device,
+                           f"the KV caches at context {max(ctxs):,} (batch {batch_size}) and every variant's weights",
+                           "lower --contexts or --batch_size, or bench fewer --variants"))
     probe = models.get("vha_folded") or next(iter(models.values()))  # "auto" times the folded VHA model
     dtype_name, why = choose_decode_dtype(device_type, dtype, probe.to(device))
     ptdtype = getattr(torch, dtype_name)

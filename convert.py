@@ -34,9 +34,10 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from nanovha.config import flat_defaults, settings
+from nanovha.config import flat_defaults, settings, stop_if
 from data.common import load_tokenizer, read_bin
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, model_from_state, save_checkpoint
+from nanovha.outputs import Busy, clobber_problem, holding, writable_problem
 from nanovha.qwen3 import model_from_hf
 from model import GPTConfig, rope_cos_sin
 
@@ -57,7 +58,10 @@ batch_size = 2
 calib_len = 256  # tokens per calibration sequence (at most the model's block_size)
 seed = 1337
 device = "cpu"
+overwrite = False  # True: replace an existing out_dir/out_name (never the source or the calibration file)
 defaults = flat_defaults(globals())
+LIMITS = {"n_kv_head": ">= 1", "premix_fit": ("weights", "activations"), "ridge": ">= 0",
+          "postmix_rank": ">= 0", "calib_batches": ">= 1", "batch_size": ">= 1", "calib_len": ">= 2"}
 # -----------------------------------------------------------------------------
 
 
@@ -221,6 +225,8 @@ def calibration_tokens(meta, config, vocab_size, block_size):
         with open(path, encoding="utf-8") as f:
             ids = torch.tensor(load_tokenizer(meta or {})[0](f.read()), dtype=torch.long)
     T = min(T, len(ids) - 1)
+    if len(ids) < 3:
+        raise ValueError(f"--calib={path} holds {len(ids)} tokens; give at least 3 (a longer text or .bin)")
     if T < 2 or int(ids.max()) >= vocab_size:
         raise ValueError(f"{path}: {len(ids)} tokens, ids up to {int(ids.max())}: need at least 3 tokens with ids "
                          f"below the model's vocab ({vocab_size}); was it tokenized for another model?")
@@ -251,14 +257,24 @@ def report(source, converted, fits, errors, summary, where):
 
 
 def main(argv):
-    globals().update(settings(defaults, argv))
+    globals().update(settings(defaults, argv, limits=LIMITS))
     if not src:
         sys.exit("error: give the model to convert: --src=HF_FOLDER (Qwen3) or --src=out_dir/ckpt.pt")
-    if premix_fit not in ("weights", "activations"):
-        sys.exit(f"error: --premix_fit={premix_fit!r}: choose 'weights' or 'activations'")
-    if min(calib_batches, batch_size, calib_len - 1) < 1:
-        sys.exit("error: calib_batches and batch_size must be >= 1 and calib_len >= 2")
     dst = os.path.join(out_dir, out_name)
+    stop_if(clobber_problem({"--out_dir/--out_name": dst}, {"--src": src, "--calib": calib})
+            or writable_problem(out_dir, "--out_dir"))
+    if os.path.exists(dst) and not overwrite:
+        sys.exit(f"error: {dst} exists (another run's or conversion's checkpoint); choose another --out_dir or "
+                 f"--out_name, or pass --overwrite=True to replace it")
+    try:
+        with holding(out_dir):  # one writer: not while train.py or another convert.py writes this folder
+            convert_and_save(dst)
+    except Busy as e:
+        sys.exit(f"error: {e}")
+
+
+def convert_and_save(dst):
+    """Loads, checks, converts, reports, then writes dst (every check before the write)."""
     try:  # every check before the first write: a refused input leaves nothing behind
         source, meta, config = load_source(src)
         if problem := source_problem(source.cfg, to, n_kv_head):
@@ -266,8 +282,6 @@ def main(argv):
         tokens, where = calibration_tokens(meta, config, source.cfg.vocab_size, source.cfg.block_size)
     except (FileNotFoundError, ImportError, ValueError) as e:
         sys.exit(f"error: {e}")
-    if os.path.exists(dst) and os.path.realpath(dst) == os.path.realpath(src):
-        sys.exit(f"error: {dst} is the source; choose another --out_dir or --out_name")
     source.eval()
     grams = input_grams(source, tokens) if premix_fit == "activations" and to == "vha" else None
     converted, fits = convert(source, to, n_kv_head, ridge, postmix_rank, seed, grams)

@@ -14,6 +14,7 @@ QK-norm and RoPE act on each head after premix, and K/V are untouched, so the re
 n_head = H_v heads that attend (H_p for postmix only) and the same n_kv_head: the same KV cache.
 """
 import copy
+import math
 import os
 import sys
 import time
@@ -31,6 +32,7 @@ from nanovha.config import flat_defaults, settings
 from nanovha.gguf import gguf_export_problem, write_gguf
 from nanovha.hardware import choose_decode_dtype
 from nanovha.health import layer_health
+from nanovha.outputs import Busy, clobber_problem, holding, run_folder_problem, writable_problem
 from nanovha.qwen3 import hf_compare, hf_export_problem, write_hf
 
 # -----------------------------------------------------------------------------
@@ -49,6 +51,8 @@ device = "cpu"
 compile_decode = True  # CPU: also build the folded model's compiled decode step, which sample.py then loads
 compile_cache = ""  # where compiled packages are kept ("": $NANOVHA_CACHE or ~/.cache/nanovha/compiled)
 defaults = flat_defaults(globals())
+LIMITS = {"eval_batches": ">= 1", "batch_size": ">= 1", "gen_tokens": ">= 1",
+          "gguf_dtype": ("float32", "float16", "bfloat16")}
 # -----------------------------------------------------------------------------
 
 
@@ -83,7 +87,9 @@ def logit_diff(model_a, model_b, tokens):
     biggest, total, count = 0.0, 0.0, 0
     for x in tokens.split(batch_size):
         diff = (model_a(x)[0] - model_b(x)[0]).abs()  # (B, T, vocab)
-        biggest, total, count = max(biggest, diff.max().item()), total + diff.sum().item(), count + diff.numel()
+        worst = diff.max().item()
+        biggest = worst if math.isnan(worst) or math.isnan(biggest) else max(biggest, worst)  # NaN stays NaN
+        total, count = total + diff.sum().item(), count + diff.numel()
     return biggest, total / count
 
 
@@ -182,16 +188,20 @@ def save_plot(model, rows, path):
 
 
 def check_args(src, dst):
-    """One-line refusals of the arguments themselves, before anything is read."""
-    if os.path.realpath(src) == os.path.realpath(dst):
-        return f"--out_name={out_name} would overwrite the input {src}; choose another name"
+    """One-line refusals of the arguments themselves, before anything is read: no output over an input (the
+    checkpoint, the run's log) or into another run's folder, every output folder writable."""
     if export_hf and os.path.exists(export_hf) and not os.path.isdir(export_hf):
         return f"--export_hf={export_hf} is a file, not a folder"
     if export_gguf and os.path.isdir(export_gguf):
         return f"--export_gguf={export_gguf} is a folder; give a file name (e.g. model.gguf)"
-    if min(eval_batches, batch_size, gen_tokens) < 1:
-        return "eval_batches, batch_size and gen_tokens must be >= 1"
-    return None
+    outputs = {"--out_name": dst, "--export_hf": export_hf, "--export_gguf": export_gguf,
+               "--plot (fold_analysis.png)": plot and os.path.join(out_dir, "fold_analysis.png")}
+    inputs = {"--ckpt_name": src, "the run's log": os.path.join(out_dir, "log.jsonl"),
+              "the run's checkpoint": os.path.join(out_dir, "ckpt.pt")}
+    folders = [("--out_dir", out_dir), ("--export_hf", export_hf),
+               ("--export_gguf", export_gguf and (os.path.dirname(export_gguf) or "."))]
+    return (clobber_problem(outputs, inputs) or (export_hf and run_folder_problem(export_hf))
+            or next((p for flag, folder in folders if folder and (p := writable_problem(folder, flag))), None))
 
 
 def check_model(src, c, meta):
@@ -311,10 +321,18 @@ def export(model, deployed, ckpt, src, tokens):
 
 
 def main(argv):
-    globals().update(settings(defaults, argv))
+    globals().update(settings(defaults, argv, limits=LIMITS))
     src, dst = os.path.join(out_dir, ckpt_name), os.path.join(out_dir, out_name)
     if problem := check_args(src, dst):
         sys.exit(f"error: {problem}")
+    try:
+        with holding(out_dir):  # not while train.py (or another fold.py) writes this folder
+            fold_run(src, dst)
+    except Busy as e:
+        sys.exit(f"error: {e}")
+
+
+def fold_run(src, dst):
     # Every check comes before the first write: a refused input leaves nothing behind.
     try:
         ckpt = load_checkpoint(src)

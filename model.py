@@ -625,6 +625,7 @@ def complete_and_check(cfg):
             raise ValueError(f"GPTConfig: {msg}")
 
     for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head"):
+        need(type(getattr(cfg, name)) is int, f"{name} must be an int, got {getattr(cfg, name)!r}")
         need(getattr(cfg, name) >= 1, f"{name} must be >= 1, got {getattr(cfg, name)}")
     for name, allowed in (("attn", ("gqa", "vha", "mla", "mfa")), ("attn_impl", ("sdpa", "plain")),
                           ("mla_decode", ("absorb", "naive")),
@@ -640,6 +641,7 @@ def complete_and_check(cfg):
     need(cfg.head_dim >= 2 and cfg.head_dim % 2 == 0, f"head_dim must be even for RoPE, got {cfg.head_dim}")
     if cfg.mlp_hidden is None:
         cfg.mlp_hidden = 3 * cfg.n_embd
+    need(cfg.mlp_hidden >= 1, f"mlp_hidden must be >= 1 (or None: 3 * n_embd), got {cfg.mlp_hidden}")
     need(0.0 <= cfg.dropout < 1.0, f"dropout must be in [0, 1), got {cfg.dropout}")
     if cfg.attn == "vha":
         need(cfg.vha_premix or cfg.vha_postmix, "attn='vha' needs vha_premix or vha_postmix (or use attn='gqa')")

@@ -6,6 +6,7 @@ Samples from a trained model (VHA, GQA or folded) with the KV cache:
     python sample.py --start=FILE:prompt.txt
     python sample.py --hf_dir=Qwen3-0.6B --start="The capital of France is" --temperature=0   # a Qwen3 folder
 """
+import copy
 import os
 import sys
 import time
@@ -15,8 +16,8 @@ import torch
 from data.common import load_tokenizer
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.compiled_decode import compiled_decode, default_folder
-from nanovha.config import flat_defaults, settings
-from nanovha.hardware import choose_decode_dtype
+from nanovha.config import flat_defaults, settings, stop_if
+from nanovha.hardware import choose_decode_dtype, memory_problem
 from nanovha.qwen3 import model_from_hf
 
 out_dir = "out"
@@ -33,15 +34,10 @@ dtype = "auto"  # weights: auto (CUDA: bf16; a CPU times float32 against bf16 wh
 compile = "auto"  # the decode step. auto: a compiled one if cached for this model and machine, else eager; True:
 # build one if needed (CPU: an AOTInductor package, about a minute on 2 cores, then cached; CUDA: CUDA graphs); False
 compile_cache = ""  # where compiled packages are kept ("": $NANOVHA_CACHE or ~/.cache/nanovha/compiled)
-config = settings(flat_defaults(globals()), sys.argv[1:], optional={"top_k": int})  # --top_k=None: the whole vocab
+LIMITS = {"num_samples": ">= 1", "max_new_tokens": ">= 1", "temperature": ">= 0", "top_k": ">= 1",
+          "dtype": ("auto", "float32", "bfloat16", "float16"), "compile": ("auto", "True", "False")}
+config = settings(flat_defaults(globals()), sys.argv[1:], optional={"top_k": int}, limits=LIMITS)  # top_k None: all
 globals().update(config)
-
-if dtype not in ("auto", "float32", "bfloat16", "float16"):
-    sys.exit(f"error: dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
-if compile not in ("auto", "True", "False"):
-    sys.exit(f"error: compile must be auto, True or False, got {compile!r}")
-if temperature < 0 or (top_k is not None and top_k < 1) or max_new_tokens < 1 or num_samples < 1:
-    sys.exit("error: need temperature >= 0, top_k >= 1, max_new_tokens >= 1 and num_samples >= 1")
 torch.manual_seed(seed)
 
 path = hf_dir or os.path.join(out_dir, ckpt_name)
@@ -54,10 +50,6 @@ try:
             sys.exit(f"error: {path} carries no tokenizer (meta); it was not written by train.py, fold.py or "
                      f"convert.py")
         model, meta = model_from_checkpoint(ckpt, device), ckpt["meta"]
-    dtype, dtype_reason = choose_decode_dtype(device.split(":")[0], dtype, model.eval())
-    model = model.to(getattr(torch, dtype)).eval()
-    if device == "cpu":  # faster one-token matrix-vector products on CPU (measured in bench_decode.py)
-        model.use_decode_layout()
     encode, decode = load_tokenizer(meta)
 except (FileNotFoundError, ImportError, ValueError) as e:
     sys.exit(f"error: {e}" if path in str(e) else f"error: {path}: {e}")
@@ -78,14 +70,29 @@ if not prompt:
 block = model.cfg.block_size
 if len(prompt) > block:
     sys.exit(f"error: the prompt is {len(prompt)} tokens but the model's context (block_size) is {block}; shorten it")
+cache_bytes = model.cfg.kv_values_per_token * (len(prompt) + max_new_tokens) * 4  # float32 at most
+stop_if(memory_problem(cache_bytes, device, f"the KV cache for {len(prompt) + max_new_tokens:,} positions",
+                       "lower --max_new_tokens"))
 if len(prompt) + max_new_tokens > block:
     print(f"note: generating up to position {len(prompt) + max_new_tokens}, past the trained context of {block}",
           file=sys.stderr)
 
 # the decode step: compiled where a package for this model and machine is cached (fold.py builds one for the folded
 # checkpoint) or where asked for; eager otherwise, which wins for short generations (docs/benchmarks.md#compiled-decode)
-step, device_type = None, device.split(":")[0]
-if device_type == "cpu" and compile != "False":
+step, device_type, model = None, device.split(":")[0], model.eval()
+if device_type == "cpu" and compile == "auto" and dtype == "auto":  # a step fold.py built, in the dtype it chose
+    for cached_dtype in ("float32", "bfloat16"):
+        candidate = copy.deepcopy(model).to(getattr(torch, cached_dtype)).use_decode_layout()
+        step = compiled_decode(candidate, compile_cache or default_folder(), build_it=False)
+        if step is not None:
+            model, dtype, dtype_reason = candidate, cached_dtype, f"{cached_dtype}: the compiled step cached is"
+            break
+if step is None:
+    dtype, dtype_reason = choose_decode_dtype(device_type, dtype, model)
+    model = model.to(getattr(torch, dtype)).eval()
+    if device_type == "cpu":  # faster one-token matrix-vector products on CPU (measured in bench_decode.py)
+        model.use_decode_layout()
+if device_type == "cpu" and compile != "False" and step is None:
     step = compiled_decode(model, compile_cache or default_folder(), build_it=compile == "True")
 elif device_type == "cuda" and compile == "True":
     step = torch.compile(model.decode_one_token, fullgraph=True, mode="reduce-overhead")

@@ -25,12 +25,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data.dataset import DATA_ROOT, Dataset, prepare_if_missing
 from model import GPT, GPTConfig
 from nanovha.checkpoint import save_checkpoint
-from nanovha.config import flat_defaults, settings, stop_if
+from nanovha.config import flat_defaults, need, settings, stop_if
 from nanovha.distill import adamw_groups, drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
 from nanovha.hardware import autocast_for, choose_dtype, compile_counters, gpu_spec, training_step
 from nanovha.health import vha_health
+from nanovha.outputs import hold
 from nanovha.peers import PeerWatch, start_ddp
-from nanovha.preflight import (TOKENIZER_FIX, WARMUP_KEYS, cut_log, disk_problem, knob_problem, prepare_out_dir,
+from nanovha.preflight import (RESUME_KEYS, TOKENIZER_FIX, cut_log, disk_problem, knob_problem, prepare_out_dir,
                                start_checkpoint, teacher_problem, vocab_mismatch, warmup_problem)
 
 # -----------------------------------------------------------------------------
@@ -163,16 +164,28 @@ if device_type == "cuda":
 # output folder: fail now, not after an hour of training (or a long download)
 if master:
     try:
-        prepare_out_dir(out_dir, ckpt_path, resuming=resuming)
+        lock = hold(out_dir)  # one writer per out_dir; the kernel drops the lock when this process ends
+        prepare_out_dir(out_dir, ckpt_path, log_path, resuming=resuming)
     except ValueError as e:
         sys.exit(f"error: {e}")
+if master and wandb_log:  # no login or no package: one line now, not after the data is prepared
+    try:
+        import wandb
+        wandb.init(project=wandb_project, name=wandb_run_name, config=dict(config))
+    except Exception as e:  # wandb's own errors (UsageError, CommError, ...) share no base class but Exception
+        first = (str(e).splitlines() or [""])[0]
+        sys.exit(f"error: --wandb_log=True, but wandb cannot start ({type(e).__name__}: {first}); "
+                 f"run `wandb login`, set WANDB_MODE=offline, or drop --wandb_log")
 ckpt, teacher_model = None, None
 if init_from != "scratch":  # read the checkpoint first: a bad one fails before any data is prepared
     try:
         ckpt, model = start_checkpoint(config, defaults, model_fields, ckpt_path)  # config: + the warm-up it keeps
     except (FileNotFoundError, ImportError, ValueError) as e:
         sys.exit(f"error: {e}")
-    freeze_iters, teacher, distill_alpha, distill_temperature = (config[k] for k in WARMUP_KEYS)
+    globals().update({k: config[k] for k in RESUME_KEYS})  # a resumed run: the checkpoint's seed, data, warm-up
+    need(gradient_accumulation_steps % world_size == 0, f"the checkpoint's gradient_accumulation_steps="
+         f"{gradient_accumulation_steps} does not split among {world_size} processes; resume with a divisor of it")
+    accum_per_rank = gradient_accumulation_steps // world_size
     model_args, block_size = ckpt["model_args"], model.cfg.block_size
     if resuming:
         iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
@@ -319,9 +332,6 @@ if master:
           f"device {device}, compile {compile}, {world_size} process(es)")
     emulated = dtype_reason.startswith("warning")  # an explicit bf16 on a CPU that emulates it
     print(dtype_reason if emulated else f"dtype {dtype_reason}", file=sys.stderr if emulated else sys.stdout)
-    if wandb_log:
-        import wandb
-        wandb.init(project=wandb_project, name=wandb_run_name, config=config)
 
 
 def log(row):
@@ -351,7 +361,7 @@ def save(it, elapsed):
     try:  # temp file + fsync + rename: a crash here leaves the previous checkpoint intact
         save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                          "scaler": scaler.state_dict(), "model_args": model_args, "iter_num": it,
-                         "best_val_loss": best_val_loss, "config": config, "meta": meta, "elapsed": elapsed,
+                         "best_val_loss": best_val_loss, "config": dict(config), "meta": meta, "elapsed": elapsed,
                          "dtype": dtype, "kind": "nanovha"}, ckpt_path)
     except (OSError, RuntimeError) as e:
         sys.exit(f"error: writing the checkpoint of iteration {it} failed, is the disk full? "

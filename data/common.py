@@ -336,8 +336,19 @@ def read_bin(path, dtype=None):
         meta_path = os.path.join(os.path.dirname(os.path.abspath(path)), "meta.pkl")
         if os.path.isfile(meta_path):
             with open(meta_path, "rb") as f:
-                dtype = pickle.load(f).get("dtype")
-    return np.memmap(path, dtype=np.dtype(dtype or "uint16"), mode="r")
+                meta = pickle.load(f)
+            if not isinstance(meta, dict):
+                raise ValueError(f"{meta_path} holds a {type(meta).__name__}, not a dataset's meta (a dict); "
+                                 f"prepare the data again")
+            dtype = meta.get("dtype")
+    dtype = np.dtype(dtype or "uint16")
+    size = os.path.getsize(path)
+    if size % dtype.itemsize:
+        raise ValueError(f"{path} is {size} bytes, not a whole number of {dtype} token ids: cut short or not a token "
+                         f"file; prepare it again")
+    if size == 0:
+        raise ValueError(f"{path} is empty: no token ids; prepare it again or give another file")
+    return np.memmap(path, dtype=dtype, mode="r")
 
 
 def write_bins(pieces, out_dir, meta):

@@ -66,6 +66,26 @@ def prepare_if_missing(data_dir, dataset, models=()):
         sys.exit(1)  # prepare.py printed the one-line error; nothing was trained
 
 
+def bin_problem(data_dir, meta, splits, sample=1 << 16):
+    """Why the token bins do not match their meta.pkl (a bin replaced or a meta swapped after prepare), or None: the
+    token counts prepare recorded, a dtype that can hold the vocab, and the largest id of a sample (the first and
+    last ids, and `sample` spread between) below vocab_size."""
+    vocab = meta["vocab_size"]
+    for split, data in splits.items():
+        path = os.path.join(data_dir, f"{split}.bin")
+        recorded = meta.get(f"{split}_tokens")
+        if recorded is not None and recorded != len(data):
+            return (f"{path} holds {len(data):,} {data.dtype} ids but meta.pkl records {recorded:,}: the bin or the "
+                    f"meta was replaced after prepare; prepare the data again")
+        if vocab > np.iinfo(data.dtype).max + 1:
+            return f"{path} is {data.dtype}, too narrow for meta.pkl's vocab_size {vocab:,}; prepare the data again"
+        picked = data[np.linspace(0, len(data) - 1, min(sample, len(data))).astype(np.int64)]
+        if len(picked) and int(picked.max()) >= vocab:
+            return (f"{path} holds token id {int(picked.max()):,}, past meta.pkl's vocab_size {vocab:,}: the bin and "
+                    f"the meta are not from the same prepare; prepare the data again")
+    return None
+
+
 class Dataset:
     """A prepared folder: .meta (meta.pkl), .rows (the row spec, None for text), .seq_len (every batch's length)."""
 
@@ -74,6 +94,8 @@ class Dataset:
         try:
             with open(os.path.join(data_dir, "meta.pkl"), "rb") as f:
                 self.meta = pickle.load(f)
+            if not isinstance(self.meta, dict):
+                raise ValueError(f"meta.pkl holds a {type(self.meta).__name__}, not a dict")
             self.vocab_size, self.rows = self.meta["vocab_size"], self.meta.get("rows")
             if self.rows:
                 with np.load(os.path.join(data_dir, "val.npz")) as f:
@@ -93,6 +115,8 @@ class Dataset:
             raise ValueError(f"curriculum_iters={curriculum_iters} needs a row dataset (data/recall); "
                              f"{data_dir} is text")
         else:
+            if problem := bin_problem(data_dir, self.meta, self.splits):
+                raise ValueError(problem)
             for s, data in self.splits.items():
                 if len(data) <= block_size:
                     raise ValueError(f"{data_dir}/{s}.bin has {len(data)} tokens, fewer than "

@@ -92,26 +92,53 @@ def pad_vocab(state, cfg):
     return state
 
 
+class WeightsError(ValueError):
+    """Weights that do not fit the model they are loaded into, or hold NaN/inf."""
+
+
+def state_problem(model, state):
+    """Why `state` cannot be the weights of `model`, naming the first missing, extra, wrong-shaped or non-finite
+    tensor, or None."""
+    want = model.state_dict()
+    missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
+    if missing or extra:
+        return f"missing weights {missing[:3]}, unexpected weights {extra[:3]}"
+    for name, t in state.items():
+        if not isinstance(t, torch.Tensor):
+            return f"{name} is a {type(t).__name__}, not a tensor"
+        if tuple(t.shape) != tuple(want[name].shape):
+            return f"{name} has shape {tuple(t.shape)}, the model's config wants {tuple(want[name].shape)}"
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return f"{name} holds NaN or inf values (a diverged run?)"
+    return None
+
+
 def model_from_checkpoint(ckpt, device="cpu"):
     """Builds the GPT of a checkpoint dict (torch.compile's '_orig_mod.' prefix stripped)."""
     known = {f.name for f in fields(GPTConfig)}
     prefix = "_orig_mod."
     try:
-        model = GPT(GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in known}))
-        model.load_state_dict({k[len(prefix):] if k.startswith(prefix) else k: v for k, v in ckpt["model"].items()})
+        cfg = GPTConfig(**{k: v for k, v in ckpt["model_args"].items() if k in known})
+        state = {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in ckpt["model"].items()}
+        return model_from_state(cfg, state, device)
+    except WeightsError as e:
+        raise ValueError(f"the checkpoint's weights do not load: {e}; use another checkpoint (an earlier one, or "
+                         f"retrain)") from None
     except (TypeError, ValueError, KeyError, AttributeError, RuntimeError) as e:
         reason = str(e).strip().split("\n")[0][:200]
         raise ValueError(f"the checkpoint holds no loadable model ({type(e).__name__}: {reason}); "
                          f"use a checkpoint written by train.py or fold.py") from None
-    return model.to(device)
 
 
 def model_from_state(cfg, state, device="cpu"):
     """GPT(cfg) holding exactly `state` (our names, fused, padded), built on the meta device: no random init
-    of weights that are overwritten at once (seconds and a second copy of the model at 0.6B)."""
+    of weights that are overwritten at once (seconds and a second copy of the model at 0.6B). Raises ValueError
+    naming a missing, extra, wrong-shaped or non-finite weight."""
     with torch.device("meta"):
         model = GPT(cfg)
-    model.load_state_dict(state, assign=True)  # strict: a missing or extra weight is an error
+    if problem := state_problem(model, state):
+        raise WeightsError(problem)
+    model.load_state_dict(state, assign=True)
     if cfg.tie_embeddings:  # assign gives each name its own Parameter: tie them again
         model.lm_head.weight = model.embed.weight
     return model.to(device)

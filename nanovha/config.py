@@ -10,6 +10,9 @@ where argv holds config files (`config/vha_small.py`, plain Python assignments) 
 overrides, applied left to right. An unknown key, a missing or broken file or a value of the wrong
 type is an error, never a silent no-op. One rule for None: it is a value only for keys whose default
 is None (a value derived later) and for the keys in `optional` (key -> the type of its other values).
+The settings come back as a dict whose `.given` names the keys a config file or a flag set (to any value, the
+default's included), so a resumed run can tell "left alone" from "asked for". `limits` (key -> a range such as
+">= 1", "> 0", ">= 0 and < 1", or a tuple of the allowed values) are checked in the same block.
 """
 import ast
 import os
@@ -18,6 +21,32 @@ import sys
 
 class ConfigError(ValueError):
     pass
+
+
+class Settings(dict):
+    """A script's settings; .given: the keys set by a config file or a --key=value."""
+    given = frozenset()
+
+
+class Assignments(dict):
+    """A config file's namespace that remembers which names the file assigned."""
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.assigned = []
+
+    def __setitem__(self, key, value):
+        self.assigned.append(key)
+        super().__setitem__(key, value)
+
+
+def limit_problem(key, value, limit):
+    """Why value breaks its limit (">= 1", "> 0", ">= 0 and < 1", or a tuple of allowed values), or None."""
+    if isinstance(limit, tuple):
+        return None if value in limit else f"{key} must be one of {', '.join(map(str, limit))}, got {value!r}"
+    if value is None:
+        return None
+    ok = all(eval(f"value {part}", {}, {"value": value}) for part in limit.split(" and "))
+    return None if ok else f"{key} must be {limit}, got {value!r}"
 
 
 def _check_type(key, value, default, optional):
@@ -58,11 +87,14 @@ def flat_defaults(namespace):
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
 
 
-def settings(defaults, argv, optional=None):
-    """The block every script runs: defaults overridden by argv, "device" (if a knob) resolved to this machine's;
-    a bad setting exits in one line (`error: ...`)."""
+def settings(defaults, argv, optional=None, limits=None):
+    """The block every script runs: defaults overridden by argv, each value within its limit, "device" (if a knob)
+    resolved to this machine's; a bad setting exits in one line (`error: ...`)."""
     try:
         config = configure(defaults, argv, optional)
+        for key, limit in (limits or {}).items():
+            if problem := limit_problem(key, config[key], limit):
+                raise ConfigError(problem)
         if "device" in config:
             config["device"] = resolve_device(config["device"])
     except ConfigError as e:
@@ -77,24 +109,26 @@ def config_file_values(path, namespace=None):
         raise ConfigError(f"config file {path!r} is a folder; give a file such as config/vha_small.py")
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} does not exist (expected e.g. config/vha_small.py)")
-    namespace = dict(namespace or {})
+    namespace = Assignments(namespace or {})
     try:
         with open(path) as f:
             exec(compile(f.read(), path, "exec"), {}, namespace)
     except Exception as e:  # a typo in the file: say where, not a traceback
         where = f" (line {e.lineno})" if isinstance(e, SyntaxError) else ""
         raise ConfigError(f"config file {path!r} does not run{where}: {type(e).__name__}: {e}; fix the file") from None
-    return {k: v for k, v in namespace.items() if not k.startswith("_") and type(v).__name__ != "module"}
+    return {k: namespace[k] for k in dict.fromkeys(namespace.assigned)
+            if not k.startswith("_") and type(namespace[k]).__name__ != "module"}
 
 
 def configure(defaults, argv, optional=None):
-    config, optional = dict(defaults), optional or {}
+    config, optional, given = Settings(defaults), optional or {}, set()
     for arg in argv:
         if not arg.startswith("--"):
             for key, value in config_file_values(arg, config).items():
                 if key not in defaults:
                     raise ConfigError(f"{arg}: unknown config key {key!r}; known keys: {', '.join(sorted(defaults))}")
                 config[key] = _check_type(key, value, defaults[key], optional)
+                given.add(key)
         else:
             key, sep, text = arg[2:].partition("=")
             if not sep:
@@ -105,6 +139,8 @@ def configure(defaults, argv, optional=None):
             if isinstance(defaults[key], str) and not isinstance(value, str):
                 value = text  # a string knob keeps what was typed, e.g. --out_dir=123
             config[key] = _check_type(key, value, defaults[key], optional)
+            given.add(key)
+    config.given = frozenset(given)
     return config
 
 

@@ -221,6 +221,27 @@ def matmul_peak(device, dtype, n=1024):
     return 2 * n**3 / statistics.median([timed(lambda: a @ a, a.device.type) for _ in range(6)][1:])
 
 
+def available_memory(device):
+    """Bytes this process can still allocate on device: the GPU's free memory, or MemAvailable (Linux) on a CPU;
+    None where it is not known."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def memory_problem(need_bytes, device, what, fix):
+    """Why need_bytes (for `what`) would not fit in what device has available (90% of it), or None."""
+    have = available_memory(device)
+    if have is None or need_bytes <= 0.9 * have:
+        return None
+    return f"{what}: {need_bytes / 2**30:,.1f} GiB needed, {device} has {have / 2**30:,.1f} GiB available; {fix}"
+
+
 def print_table(rows, columns):
     """columns: (header, key, format); right-aligned, one line per row, '-' where a row has no value."""
     cells = [[h for h, _, _ in columns]] + [[fmt.format(r[k]) if r.get(k) is not None else "-" for _, k, fmt in columns]

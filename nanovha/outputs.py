@@ -6,13 +6,13 @@ releases when the process dies, so a killed run never leaves a stale one).
 
     stop_if(clobber_problem({"--export_gguf": path}, {"--out_dir/ckpt.pt": src}))
     stop_if(run_folder_problem(out_dir, overwrite))
-    lock = hold(out_dir)   # kept until the process exits; a second process gets one line naming the first's pid
+    lock = hold(out_dir)   # until lock.close() or the process ends; a second process: one line with our pid
 """
+import contextlib
 import fcntl
 import os
 
 RUN_FILES = ("ckpt.pt", "log.jsonl")  # what makes a folder a run: train.py's checkpoint and log
-LOCK = ".lock"
 
 
 def resolved(path):
@@ -73,21 +73,68 @@ def writable_problem(folder, flag):
     return None
 
 
+class Busy(ValueError):
+    """A folder another process is writing, or that cannot be written at all."""
+
+
 def hold(folder):
-    """An exclusive lock on folder (created if missing) for the rest of this process: the open lock file, to keep.
-    Raises ValueError naming the process that holds it."""
-    os.makedirs(folder, exist_ok=True)
-    f = open(os.path.join(folder, LOCK), "a+")
+    """An exclusive lock on folder (created if missing) for as long as the returned handle stays open (at most this
+    process's life): flock on the folder itself, so no file is left behind. Raises Busy naming the process that
+    holds it."""
+    created = not os.path.isdir(folder)
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise Busy(f"{folder} is not writable ({e.strerror}); choose another folder") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "unknown"
-        f.close()
-        raise ValueError(f"{folder} is being written by another process (pid {holder}); wait for it to finish, "
+        holder = lock_holder(fd)
+        os.close(fd)
+        raise Busy(f"{folder} is being written by another process (pid {holder}); wait for it to finish, "
                          f"or choose another folder") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
+    return Held(fd, folder if created else None)
+
+
+@contextlib.contextmanager
+def holding(folder):
+    """hold(folder) for a with-block: released however the block ends (sys.exit included)."""
+    lock = hold(folder)
+    try:
+        yield lock
+    finally:
+        lock.close()
+
+
+class Held:
+    """An open, locked folder; close() (or the process ending) releases it, and removes the folder if hold created
+    it and nothing was written there (a refused run leaves no trace)."""
+    def __init__(self, fd, created=None):
+        self.fd, self.created = fd, created
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+            if self.created:
+                try:
+                    os.rmdir(self.created)  # only if empty
+                except OSError:
+                    pass
+
+
+def lock_holder(fd):
+    """The pid holding a flock on the file or folder open as fd, from /proc/locks ("unknown" where there is none).
+    A line reads `1: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF`."""
+    inode = str(os.fstat(fd).st_ino)
+    try:
+        with open("/proc/locks") as f:
+            for parts in map(str.split, f):
+                if "FLOCK" in parts and "->" not in parts:
+                    i = parts.index("FLOCK")
+                    if parts[i + 4].split(":")[-1] == inode:
+                        return parts[i + 3]
+    except (OSError, IndexError):
+        pass
+    return "unknown"

@@ -15,7 +15,10 @@ from nanovha.checkpoint import load_checkpoint, load_start, model_from_checkpoin
 
 TOKENIZER_FIX = ("prepare the data with the model's tokenizer (a Hugging Face model: "
                  "data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer=FOLDER; docs/convert.md#warm-up)")
-WARMUP_KEYS = ("freeze_iters", "teacher", "distill_alpha", "distill_temperature")  # kept by a resumed run
+WARMUP_KEYS = ("freeze_iters", "teacher", "distill_alpha", "distill_temperature")
+# what an exact resume keeps from its checkpoint: the warm-up and everything the batches depend on
+RESUME_KEYS = (*WARMUP_KEYS, "seed", "data_stream", "paired_init", "dataset", "data_dir", "batch_size",
+               "gradient_accumulation_steps", "curriculum_iters", "curriculum_mode")
 
 
 def knob_problem(c, model_fields):
@@ -62,7 +65,7 @@ def warmup_problem(c, ckpt_path):
         return f"distill_alpha={alpha} must be in [0, 1] (the weight of the teacher's KL against the hard-label loss)"
     if not c["distill_temperature"] > 0:
         return f"distill_temperature={c['distill_temperature']} must be > 0 (1: the teacher's own distribution)"
-    if init == "resume":  # the teacher and alpha come from the checkpoint (kept_warmup refuses others)
+    if init == "resume":  # the teacher and alpha come from the checkpoint (kept_on_resume refuses others)
         return None
     if c["teacher"] and alpha == 0:
         return (f"teacher={c['teacher']} is given but distill_alpha=0 would never use it; "
@@ -73,11 +76,12 @@ def warmup_problem(c, ckpt_path):
 
 
 
-def contradictions(c, defaults, kept, keys):
-    """The knobs set (not left at their default) to something else than a checkpoint keeps:
-    'k=v (checkpoint: w), ...'."""
+def contradictions(c, kept, keys):
+    """The knobs a config file or flag set (c.given; a None asks for the derived default) to something else than a
+    checkpoint keeps: 'k=v (checkpoint: w), ...'."""
+    given = getattr(c, "given", c.keys())
     return ", ".join(f"{k}={c[k]!r} (checkpoint: {kept[k]!r})" for k in keys
-                     if c[k] != defaults[k] and c[k] != kept[k])
+                     if k in given and c[k] is not None and c[k] != kept[k])
 
 
 def vocab_mismatch(meta, name, data_meta, data_dir, fix):
@@ -89,19 +93,19 @@ def vocab_mismatch(meta, name, data_meta, data_dir, fix):
     return problem and f"{problem}; {fix}"
 
 
-def kept_warmup(saved, c, defaults):
-    """On resume: the warm-up settings the checkpoint's config kept (saved; a key it lacks: the default), and the line
-    refusing any set on the command line to something else, or None."""
-    kept = {k: saved.get(k, defaults[k]) for k in WARMUP_KEYS}
-    typed = contradictions(c, defaults, kept, WARMUP_KEYS)
-    return kept, typed and (f"a resumed run keeps its checkpoint's warm-up settings, but you set {typed}; "
-                            "drop them or start a new --out_dir")
+def kept_on_resume(saved, c, defaults):
+    """On resume: the settings an exact resume keeps (RESUME_KEYS) as the checkpoint's config saved them (a key it
+    lacks: the default), and the line refusing any set to something else, or None."""
+    kept = {k: saved.get(k, defaults[k]) for k in RESUME_KEYS}
+    typed = contradictions(c, kept, RESUME_KEYS)
+    return kept, typed and (f"a resumed run keeps its checkpoint's warm-up, seed and data settings (its batches "
+                            f"depend on them), but you set {typed}; drop them or start a new --out_dir")
 
 
-def start_args(model_args, c, defaults):
-    """A new run from a checkpoint: its model_args with block_size and dropout as set on the command line (training
-    knobs; block_size up to the checkpoint's), and the line refusing a longer block_size, or None."""
-    own = {k: c[k] for k in ("block_size", "dropout") if c[k] != defaults[k]}
+def start_args(model_args, c):
+    """A new run from a checkpoint: its model_args with block_size and dropout as set (training knobs; block_size up
+    to the checkpoint's), and the line refusing a longer block_size, or None."""
+    own = {k: c[k] for k in ("block_size", "dropout") if k in getattr(c, "given", c.keys())}
     longest = model_args["block_size"]
     return {**model_args, **own}, own.get("block_size", 0) > longest and (
         f"block_size={c['block_size']} is past the checkpoint's {longest}, the longest sequence its model takes; "
@@ -110,7 +114,7 @@ def start_args(model_args, c, defaults):
 
 def start_checkpoint(c, defaults, model_fields, ckpt_path):
     """init_from "resume" or a path -> (the checkpoint, its model), after every check such a run needs: a resumable
-    checkpoint within max_iters, the warm-up it keeps (written into c), no model knob set against it, and for a new
+    checkpoint within max_iters, the settings it keeps (written into c), no model knob set against it, and for a new
     run its model_args at this run's block_size and dropout. Raises FileNotFoundError, ImportError or ValueError,
     one line each, before any data is prepared."""
     resuming = c["init_from"] == "resume"
@@ -125,19 +129,19 @@ def start_checkpoint(c, defaults, model_fields, ckpt_path):
         if not c["eval_only"] and ckpt["iter_num"] > c["max_iters"]:
             raise ValueError(f"the checkpoint is at iteration {ckpt['iter_num']}, past max_iters={c['max_iters']}; "
                              f"raise --max_iters to train further")
-        warm, problem = kept_warmup(ckpt.get("config", {}), c, defaults)  # freezing and the teacher go on as they were
+        kept, problem = kept_on_resume(ckpt.get("config", {}), c, defaults)  # batches and warm-up go on as they were
         if problem:
             raise ValueError(problem)
-        c.update(warm)
+        c.update(kept)
     else:  # a new run (iteration 0, a new optimizer) from the checkpoint's model
-        ckpt["model_args"], problem = start_args(ckpt["model_args"], c, defaults)
+        ckpt["model_args"], problem = start_args(ckpt["model_args"], c)
         if problem:
             raise ValueError(problem)
     try:
         model = model_from_checkpoint(ckpt)
     except ValueError as e:
         raise ValueError(f"{what}: {ckpt_path if resuming else c['init_from']}: {e}") from None
-    if typed := contradictions(c, defaults, {k: getattr(model.cfg, k) for k in model_fields}, model_fields):
+    if typed := contradictions(c, {k: getattr(model.cfg, k) for k in model_fields}, model_fields):
         raise ValueError(f"a {'resumed' if resuming else 'new'} run keeps its checkpoint's model, but you set {typed}; "
                          f"drop them" + (" or start a new --out_dir" if resuming else ""))
     return ckpt, model
@@ -159,7 +163,7 @@ def resume_problem(ckpt, path):
     missing = [k for k in ("optimizer", "iter_num", "best_val_loss", "meta") if k not in ckpt]
     if missing:
         return (f"{path}: it has no {', '.join(missing)}: it is a model-only checkpoint (e.g. folded), "
-                f"not one train.py wrote; start a new run with --init_from=scratch in another --out_dir")
+                f"not one train.py wrote; start a new run from it with --init_from={path} --out_dir=NEW_FOLDER")
     return None
 
 
@@ -194,21 +198,25 @@ def hf_vocab_problem(meta_a, name_a, meta_b, name_b):
     return None
 
 
-def prepare_out_dir(out_dir, ckpt_path, resuming):
+def prepare_out_dir(out_dir, ckpt_path, log_path, resuming):
     """Before any data or training: out_dir exists and is writable, the temp file of a checkpoint write that a crash
-    cut short is gone, and a new run will not overwrite a checkpoint. Raises ValueError."""
+    cut short is gone, and a new run will not overwrite another run's checkpoint or log. Raises ValueError."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=out_dir):
             pass
     except OSError as e:
         raise ValueError(f"out_dir {out_dir!r} is not writable ({e.strerror}); choose another --out_dir") from None
+    if os.path.isdir(log_path):
+        raise ValueError(f"{log_path} is a folder, where train.py writes its log; move it away or choose another "
+                         f"--out_dir")
     for name in os.listdir(out_dir):
         if name.startswith(".tmp_" + os.path.basename(ckpt_path)):
             os.remove(os.path.join(out_dir, name))
-    if not resuming and os.path.exists(ckpt_path):
-        raise ValueError(f"{ckpt_path} exists and init_from='scratch' would overwrite it; continue it with "
-                         f"--init_from=resume, or choose a new --out_dir (or delete it)")
+    theirs = [p for p in (ckpt_path, log_path) if os.path.exists(p)]
+    if not resuming and theirs:
+        raise ValueError(f"{' and '.join(theirs)} exist(s): another run's, which init_from={'scratch'!r} would "
+                         f"overwrite; continue it with --init_from=resume, or choose a new --out_dir (or delete it)")
 
 
 def cut_log(log_path, iter_num):

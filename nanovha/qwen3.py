@@ -64,7 +64,11 @@ def qwen3_model_args(hf):
     ours or raises ValueError naming it; the rest (dtype, use_cache, token ids, initializer_range) do not."""
     c = {**QWEN3_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
     rope, scaling = c.get("rope_parameters") or {}, c.get("rope_scaling") or {}  # 5.x name, 4.x name
-    rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if not (isinstance(rope, dict) and isinstance(scaling, dict)):
+        raise ValueError("config.json rope_parameters and rope_scaling must be objects (or null)")
+    rope_types = {f"{name}.{key}": d[key] for name, d in (("rope_parameters", rope), ("rope_scaling", scaling))
+                  for key in ("rope_type", "type") if d.get(key) not in (None, "default")}  # every field, not the first
+    rope_type = next(iter(rope_types.values()), "default")
     n_layer = c["num_hidden_layers"]
     windowed = c["use_sliding_window"] and c["sliding_window"] is not None  # Qwen3Config.__post_init__'s rule
     layer_types = c.get("layer_types") or ["sliding_attention" if windowed and i >= c["max_window_layers"]
@@ -74,8 +78,8 @@ def qwen3_model_args(hf):
          f"is {c['model_type']!r}: only Qwen3ForCausalLM folders import (model_type 'qwen3')"),
         ("attention_bias", not c["attention_bias"], "=True: q/k/v/o have biases, this repo's projections have none"),
         ("hidden_act", c["hidden_act"] == "silu", f"={c['hidden_act']!r}: the MLP here is SwiGLU with silu only"),
-        ("rope_scaling", rope_type == "default",
-         f"rope_type={rope_type!r}: only plain RoPE is implemented here; drop the scaling "
+        (next(iter(rope_types), "rope_scaling"), rope_type == "default",
+         f"is {rope_type!r}: only plain RoPE is implemented here; drop the scaling "
          "(the model then runs at its pretraining context)"),
         ("partial_rotary_factor", {**scaling, **rope}.get("partial_rotary_factor", 1.0) == 1.0,
          "!= 1: RoPE here rotates the whole head_dim"),
@@ -123,8 +127,18 @@ def model_from_hf(folder, device="cpu"):
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path} not found: give a Hugging Face model folder (config.json + model.safetensors)")
-    with open(path) as f:
-        cfg = GPTConfig(**qwen3_model_args(json.load(f)))
+    try:
+        with open(path) as f:
+            hf = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}); copy config.json from the model's folder again") from None
+    if not isinstance(hf, dict):
+        raise ValueError(f"{path} holds a {type(hf).__name__}, not a JSON object; it is not a model's config.json")
+    try:
+        cfg = GPTConfig(**qwen3_model_args(hf))
+    except (TypeError, KeyError) as e:
+        raise ValueError(f"{path}: a field has the wrong type or is missing ({type(e).__name__}: {e}); "
+                         f"fix config.json") from None
     state = {}
     for hf_key, t in read_safetensors(folder).items():
         if (key := our_name(hf_key)) is None:
@@ -139,7 +153,7 @@ def model_from_hf(folder, device="cpu"):
         state["lm_head.weight"] = state["embed.weight"]
     try:
         model = model_from_state(cfg, state, device)
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:
         raise ValueError(f"{folder}: the weights do not fit config.json "
                          f"({str(e).strip().splitlines()[0][:200]})") from None
     files = hf_tokenizer_files(folder)  # the same files data/*/prepare.py --tokenizer=hf reads: the same fingerprint

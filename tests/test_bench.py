@@ -168,9 +168,11 @@ def not_a_checkpoint(tmp_path):
     (lambda p: f"--ckpt={p / 'missing.pt'}", "not found"),
     (not_a_checkpoint, "is not a nanoVHA checkpoint"),
     (lambda p: "--context=1024", "unknown config key 'context'"),
-], ids=["unknown-variant", "bad-contexts", "missing-ckpt", "foreign-ckpt", "unknown-key"])
+    (lambda p: ["--contexts=100000000000", "--variants=mha"], "GiB available; lower --contexts or --batch_size"),
+], ids=["unknown-variant", "bad-contexts", "missing-ckpt", "foreign-ckpt", "unknown-key", "cache-past-memory"])
 def test_bad_input_is_a_one_line_error(tmp_path, make_arg, message):
-    proc = run("bench_decode.py", *TINY_DECODE, make_arg(tmp_path), check=False)
+    arg = make_arg(tmp_path)
+    proc = run("bench_decode.py", *TINY_DECODE, *([arg] if isinstance(arg, str) else arg), check=False)
     err = proc.stderr.strip()
     assert proc.returncode != 0 and err.startswith("error: ") and "\n" not in err and message in err, proc.stderr
     assert not proc.stdout.strip()

@@ -1,6 +1,7 @@
 """convert.py: GQA -> VHA and GQA -> mean-pooled GQA are what their equations say: exact (logits equal the source's)
 when the source's KV heads are identical within each target group and its query heads repeat across groups; the
 premix solve is the least-squares solution; the written checkpoint loads and samples; bad inputs are refused."""
+import hashlib
 import os
 from dataclasses import asdict
 
@@ -156,6 +157,45 @@ def test_refusals_write_nothing(argv, message, tmp_path):
     error = str(e.value.code)
     assert error.startswith("error: ") and message in error and "\n" not in error, error
     assert not os.path.exists(tmp_path / "out")
+
+
+def sha256s(folder):
+    return {p: hashlib.sha256(open(os.path.join(folder, p), "rb").read()).hexdigest()
+            for p in sorted(os.listdir(folder))}
+
+
+OUT_DIRS = {  # an output that would destroy something -> the needle; the folder's files are hashed before and after
+    "an existing run's checkpoint": (["--out_dir={run}"], "exists (another run's or conversion's checkpoint)"),
+    "the source's own file": (["--out_dir={src}"], "would write over --src"),
+    "the calibration file": (["--out_dir={src}", "--out_name=calib.bin", "--calib={src}/calib.bin"],
+                             "would write over --calib"),
+    "an empty calibration file": (["--out_dir={run}/new", "--calib={src}/empty.bin"], "is empty: no token ids"),
+    "an odd-sized calibration file": (["--out_dir={run}/new", "--calib={src}/odd.bin"], "not a whole number"),
+}
+
+
+@pytest.mark.parametrize("case", OUT_DIRS)
+def test_outputs_never_destroy_an_input_or_a_run(case, tmp_path):
+    src, run_dir = tmp_path / "src", tmp_path / "run"
+    save_source(str(src))
+    (src / "calib.bin").write_bytes(bytes(200))  # 100 uint16 ids
+    (src / "empty.bin").write_bytes(b"")
+    (src / "odd.bin").write_bytes(bytes(7))
+    save_source(str(run_dir))
+    (run_dir / "log.jsonl").write_text('{"iter": 0}\n')
+    before = {d: sha256s(d) for d in (src, run_dir)}
+    flags, needle = OUT_DIRS[case]
+    with pytest.raises(SystemExit) as e:
+        convert.main([f"--src={src}/ckpt.pt", *(f.format(src=src, run=run_dir) for f in flags)])
+    assert needle in str(e.value.code) and "\n" not in str(e.value.code), e.value.code
+    assert {d: sha256s(d) for d in (src, run_dir)} == before
+
+
+def test_overwrite_replaces_only_the_output(tmp_path):
+    save_source(str(tmp_path / "src"))
+    save_source(str(tmp_path / "run"))
+    convert.main([f"--src={tmp_path}/src/ckpt.pt", f"--out_dir={tmp_path}/run", "--overwrite=True"])
+    assert load_checkpoint(str(tmp_path / "run" / "ckpt.pt"))["kind"] == "converted"
 
 
 def test_activation_fit_is_the_identity_metric_fit_and_wins_on_its_own_queries():

@@ -214,10 +214,12 @@ def test_refusals_write_nothing(tmp_path):
     refuse([f"--out_dir={d}/vha", "--ckpt_name=truncated.pt"], "corrupt or truncated")
     refuse([f"--out_dir={d}/vha", "--ckpt_name=notes.pt"], "corrupt or truncated")
     refuse([f"--out_dir={d}/vha", "--ckpt_name=foreign.pt"], "not a nanoVHA checkpoint")
-    refuse([f"--out_dir={d}/vha", "--out_name=ckpt.pt"], "would overwrite the input")
-    refuse([f"--out_dir={d}/vha", "--out_name=./ckpt.pt"], "would overwrite the input")
+    refuse([f"--out_dir={d}/vha", "--out_name=ckpt.pt"], "would write over --ckpt_name")
+    refuse([f"--out_dir={d}/vha", "--out_name=./ckpt.pt"], "would write over --ckpt_name")
     refuse([f"--out_dir={d}/vha", "--folds=2"], "unknown config key 'folds'")
     refuse([f"--out_dir={d}/vha", "--gen_tokens=0"], "must be >= 1")
+    for args, message in BAD_OUTPUTS:
+        refuse([f"--out_dir={d}/vha", *(a.format(d=d) for a in args)], message.format(d=d))
     assert not os.path.exists(f"{d}/hf")
     # the same through a real process: exit status 1, the message on stderr
     for args, message in (([f"--out_dir={d}/gqa"], "error: nothing to fold"),
@@ -225,6 +227,16 @@ def test_refusals_write_nothing(tmp_path):
         proc = run("fold.py", "--compile_decode=False", *args, check=False, env=ONE_THREAD)
         assert proc.returncode == 1 and message in proc.stderr and proc.stdout == "", proc.stderr
     assert sorted(os.listdir(f"{d}/gqa")) == ["ckpt.pt"]
+
+
+BAD_OUTPUTS = [  # fold.py flags that would destroy an input or write where it cannot -> the needle
+    (["--export_gguf={d}/vha/ckpt.pt"], "--export_gguf={d}/vha/ckpt.pt would write over --ckpt_name"),
+    (["--export_hf={d}/vha"], "would write over --ckpt_name"),
+    (["--out_name=log.jsonl"], "would write over the run's log"),
+    (["--export_hf={d}/vha/notes.pt/hf"], "is a file, not a folder"),
+    (["--gguf_dtype=int8"], "gguf_dtype must be one of float32, float16, bfloat16, got 'int8'"),
+    (["--export_gguf={d}/vha/notes.pt/model.gguf"], "--export_gguf={d}/vha/notes.pt: "),
+]
 
 
 def test_an_inexact_fold_is_refused_not_written(tmp_path, monkeypatch):

@@ -210,7 +210,7 @@ def test_what_cannot_be_exported_is_refused_in_one_line(tmp_path):
     refuse([f"--out_dir={d}/mla", f"--export_gguf={d}/x.gguf"], "no MLA attention", d)
     refuse([f"--out_dir={d}/noqk", f"--export_gguf={d}/x.gguf"], "QK-norm", d)
     assert "'\\ud800'" in refuse([f"--out_dir={d}/bad", f"--export_gguf={d}/x.gguf"], "llama.cpp cannot read", d)
-    refuse([f"--out_dir={d}/ok", f"--export_gguf={d}/x.gguf", "--gguf_dtype=int8"], "--gguf_dtype must be one of", d)
+    refuse([f"--out_dir={d}/ok", f"--export_gguf={d}/x.gguf", "--gguf_dtype=int8"], "gguf_dtype must be one of", d)
     refuse([f"--out_dir={d}/other", f"--export_gguf={d}/x.gguf"], "the tokenizer has 3 tokens but the model 37", d)
     refuse([f"--out_dir={d}/ok", f"--export_gguf={d}/ok"], "is a folder", d)
     with pytest.raises(ValueError, match="fold it first"):  # the library refuses unfolded VHA weights

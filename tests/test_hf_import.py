@@ -74,8 +74,10 @@ def test_hf_import_gives_transformers_logits(tied, tmp_path):
 REFUSED = {  # config.json edit -> the field the error must name
     "attention_bias": {"attention_bias": True},
     "hidden_act": {"hidden_act": "gelu"},
-    "rope_scaling": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}},
-    "rope_scaling ": {"rope_scaling": {"type": "linear", "factor": 2.0}},  # transformers 4.x spelling
+    "rope_parameters.rope_type": {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}},
+    "rope_scaling.type": {"rope_scaling": {"type": "linear", "factor": 2.0}},  # transformers 4.x spelling
+    "rope_scaling.rope_type": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6},  # default masks no
+                               "rope_scaling": {"rope_type": "yarn", "factor": 1.2}},  # scaling beside it
     "partial_rotary_factor": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6,
                                                   "partial_rotary_factor": 0.5}},
     "layer_types": {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1, "layer_types": None},
@@ -92,6 +94,25 @@ def test_hf_import_refuses_what_it_cannot_express_by_name(field, tmp_path):
     with pytest.raises(ValueError) as e:
         model_from_hf(str(tmp_path))
     assert str(e.value).startswith(f"config.json {field.strip()}") and "\n" not in str(e.value)
+
+
+BROKEN = {  # config.json text -> the needle of the one-line error
+    "not JSON": ('{"model_type": "qwen3",', "is not valid JSON"),
+    "a list": ("[1, 2]", "holds a list, not a JSON object"),
+    "a number as a string": (json.dumps({"model_type": "qwen3", "vocab_size": 100, "hidden_size": "64",
+                                         "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16}),
+                             "n_embd must be an int, got '64'"),
+    "rope_scaling a list": (json.dumps({"model_type": "qwen3", "rope_scaling": [1]}), "must be objects (or null)"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_hf_import_names_a_broken_config(case, tmp_path):
+    text, needle = BROKEN[case]
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(ValueError) as e:
+        model_from_hf(str(tmp_path))
+    assert needle in str(e.value) and "\n" not in str(e.value)
 
 
 def test_sample_py_on_a_qwen3_folder_uses_its_tokenizer(tmp_path):

@@ -4,6 +4,7 @@ Every case runs the real script in a subprocess, as a user would: real SIGKILLs 
 checkpoint write), a real divergence, a real failed write, real damaged files.
 """
 import os
+import pickle
 import random
 import re
 import resource
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -207,7 +209,7 @@ def test_not_enough_disk_for_the_checkpoints(char_data, tmp_path):
 def test_scratch_refuses_to_overwrite_a_checkpoint(char_data, copy):
     before = snapshot(copy)
     fails(run("train.py", *train_args(char_data, copy, "--max_iters=10")),
-          "exists and init_from='scratch' would overwrite it")
+          "another run's, which init_from='scratch' would overwrite")
     assert snapshot(copy) == before
 
 
@@ -242,15 +244,36 @@ def test_download_with_the_wrong_sha256(tmp_path):
     assert os.listdir(cache) == []
 
 
-@pytest.mark.parametrize("damage", ["no meta.pkl", "odd-sized train.bin"])
+def edit_meta(data, **changes):
+    with open(data / "meta.pkl", "rb") as f:
+        meta = pickle.load(f)
+    with open(data / "meta.pkl", "wb") as f:
+        pickle.dump({**meta, **changes} if changes else [meta], f)
+
+
+def append_ids(data, ids):
+    with open(data / "train.bin", "ab") as f:
+        f.write(np.array(ids, dtype=np.uint16).tobytes())
+
+
+DAMAGED_DATA = {  # what happened to a prepared folder after prepare -> the needles
+    "no meta.pkl": (lambda d: os.remove(d / "meta.pkl"), ["is incomplete or corrupt", "prepare.py again"]),
+    "odd-sized train.bin": (lambda d: open(d / "train.bin", "ab").write(b"x"), ["not a whole number of uint16"]),
+    "a meta holding a list": (lambda d: edit_meta(d), ["meta.pkl holds a list, not a dict"]),
+    "a meta with a smaller vocab": (lambda d: edit_meta(d, vocab_size=10), ["past meta.pkl's vocab_size 10"]),
+    "a meta of a wider vocab (uint32)": (lambda d: edit_meta(d, vocab_size=70_000), ["too narrow for meta.pkl's"]),
+    "ids appended after prepare": (lambda d: append_ids(d, [1, 2]), ["meta.pkl records", "replaced after prepare"]),
+    "ids past the vocab": (lambda d: edit_meta(d, train_tokens=None) or append_ids(d, [60_000]), ["token id 60,000"]),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_DATA)
 def test_damaged_dataset(char_data, tmp_path, damage):
     data = shutil.copytree(char_data, tmp_path / "data")
-    if damage == "no meta.pkl":
-        os.remove(data / "meta.pkl")
-    else:
-        with open(data / "train.bin", "ab") as f:
-            f.write(b"x")
-    fails(run("train.py", *train_args(data, tmp_path / "out")), "is incomplete or corrupt", "prepare.py again")
+    change, needles = DAMAGED_DATA[damage]
+    change(data)
+    fails(run("train.py", *train_args(data, tmp_path / "out")), *needles)
+    assert not os.path.exists(tmp_path / "out" / "ckpt.pt")
 
 
 def test_prepare_scripts_bad_input(tmp_path):
@@ -290,8 +313,16 @@ DAMAGED = {  # id: (what to do to ckpt.pt, needles), for both resume and sample
     "truncated": (truncate, ["is corrupt or truncated"]),
     "not a checkpoint": (lambda p: open(p, "w").write("hello"), ["is corrupt or truncated"]),
     "a foreign torch.save dict": (lambda p: torch.save({"weights": torch.ones(2)}, p), ["is not a nanoVHA checkpoint"]),
-    "weights of another model": (bad_weights, ["holds no loadable model"]),
+    "weights of another model": (bad_weights, ["weights do not load", "missing weights"]),
+    "a weight of the wrong shape": (lambda p: edit_weight(p, lambda w: torch.zeros(3, 3)), ["has shape (3, 3)"]),
+    "NaN weights": (lambda p: edit_weight(p, lambda w: torch.full_like(w, float("nan"))), ["holds NaN or inf"]),
 }
+
+
+def edit_weight(path, change):
+    ckpt = torch.load(path, weights_only=False)
+    ckpt["model"]["embed.weight"] = change(ckpt["model"]["embed.weight"])
+    torch.save(ckpt, path)
 
 
 @pytest.mark.parametrize("case", DAMAGED, ids=list(DAMAGED))
@@ -311,6 +342,21 @@ def test_sample_from_a_bad_checkpoint(copy, case):
     fails(run("sample.py", f"--out_dir={copy}", "--max_new_tokens=5"), *needles)
 
 
+BAD_SAMPLE = {  # sample.py flag -> the needle
+    "--max_new_tokens=0": "max_new_tokens must be >= 1, got 0",
+    "--temperature=-1": "temperature must be >= 0, got -1",
+    "--top_k=0": "top_k must be >= 1, got 0",
+    "--dtype=int8": "dtype must be one of auto, float32, bfloat16, float16, got 'int8'",
+    "--max_new_tokens=100000000000": "GiB available; lower --max_new_tokens",
+    "--start=FILE:/no/such/prompt.txt": "cannot read the prompt file",
+}
+
+
+@pytest.mark.parametrize("flag", BAD_SAMPLE)
+def test_sample_refuses_bad_settings(trained, flag):
+    fails(run("sample.py", f"--out_dir={trained}", "--num_samples=1", flag), BAD_SAMPLE[flag])
+
+
 def test_resume_from_a_model_only_checkpoint(char_data, copy):
     model_only(os.path.join(copy, "ckpt.pt"))
     fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume")),
@@ -322,15 +368,50 @@ def test_resume_from_a_model_only_checkpoint(char_data, copy):
 def test_resume_on_a_dataset_with_another_vocab(copy, tmp_path, text):
     from data.common import prepare_string
     prepare_string(text, str(tmp_path / "other"), "char", "other text")
+    ckpt = torch.load(os.path.join(copy, "ckpt.pt"), weights_only=False)  # the run's data_dir, rebuilt since
+    ckpt["config"]["data_dir"] = str(tmp_path / "other")
+    torch.save(ckpt, os.path.join(copy, "ckpt.pt"))
     before = snapshot(copy)
     fails(run("train.py", *train_args(tmp_path / "other", copy, "--max_iters=20", "--init_from=resume")),
           "vocab mismatch", "resume with the dataset it was trained on")
     assert snapshot(copy) == before
 
 
-def test_resume_with_other_model_settings(char_data, copy):
-    fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume", "--n_layer=3")),
-          "a resumed run keeps its checkpoint's model, but you set n_layer=3 (checkpoint: 2)")
+WRITERS = {  # a command that writes into a run's folder -> its arguments ({data}, {out})
+    "train.py": ["--init_from=resume", "--max_iters=20"],
+    "fold.py": ["--compile_decode=False", "--gen_tokens=5"],
+    "convert.py": ["--src={out}/ckpt.pt", "--out_name=converted.pt"],
+}
+
+
+@pytest.mark.parametrize("command", WRITERS)
+def test_one_writer_per_out_dir(char_data, copy, command):
+    """While another process holds the folder (here: this one), a second writer stops in one line naming it."""
+    from nanovha.outputs import holding
+    args = [a.format(out=copy) for a in WRITERS[command]]
+    args = train_args(char_data, copy, *args) if command == "train.py" else [f"--out_dir={copy}", *args]
+    before = snapshot(copy)
+    with holding(str(copy)):
+        fails(run(command, *args), f"is being written by another process (pid {os.getpid()})")
+    assert snapshot(copy) == before
+
+
+RESUMED_WITH = [  # (flag, the line's needle): a setting a resumed run keeps, given as something else
+    ("--n_layer=3", "keeps its checkpoint's model, but you set n_layer=3 (checkpoint: 2)"),
+    ("--n_layer=4", "keeps its checkpoint's model, but you set n_layer=4 (checkpoint: 2)"),  # train.py's default
+    ("--attn=gqa", "you set attn='gqa' (checkpoint: 'vha')"),
+    ("--seed=7", "seed and data settings (its batches depend on them), but you set seed=7 (checkpoint: 1337)"),
+    ("--data_stream=1", "you set data_stream=1 (checkpoint: 0)"),
+    ("--batch_size=16", "you set batch_size=16 (checkpoint: 8)"),  # train.py's default
+    ("--data_dir=elsewhere", "you set data_dir='elsewhere'"),
+]
+
+
+@pytest.mark.parametrize("flag, needle", RESUMED_WITH, ids=[r[0] for r in RESUMED_WITH])
+def test_resume_with_other_settings(char_data, copy, flag, needle):
+    before = snapshot(copy)
+    fails(run("train.py", *train_args(char_data, copy, "--max_iters=20", "--init_from=resume"), flag), needle)
+    assert snapshot(copy) == before
 
 
 def test_resume_past_max_iters(char_data, copy):

@@ -85,7 +85,8 @@ def test_resume_refuses_other_warmup_settings(char_data, warm_runs):
     before = snapshot(part)
     fails(run("train.py", f"--out_dir={part}", f"--data_dir={char_data}", "--max_iters=10", "--init_from=resume",
               "--distill_alpha=0.5", *TINY, check=False),
-          "a resumed run keeps its checkpoint's warm-up settings, but you set distill_alpha=0.5 (checkpoint: 0.7)")
+          "a resumed run keeps its checkpoint's warm-up, seed and data settings (its batches depend on them), "
+          "but you set distill_alpha=0.5 (checkpoint: 0.7)")
     assert snapshot(part) == before
 
 
@@ -179,7 +180,8 @@ BAD = {  # id: (args given (teacher, conv, tmp_path), needles)
                         ["cannot start from init_from=no/such.pt", "not found"]),
     "student corrupt": (lambda t, c, p: [f"--init_from={garbage(p)}"],
                         ["cannot start from init_from=", "corrupt or truncated"]),
-    "student not loadable": (lambda t, c, p: [f"--init_from={bad_copy(c, p, model={})}"], ["holds no loadable model"]),
+    "student not loadable": (lambda t, c, p: [f"--init_from={bad_copy(c, p, model={})}"],
+                             ["weights do not load: missing weights"]),
     "model knob contradicts": (
         lambda t, c, p: [f"--init_from={c}", "--n_layer=3"],
         ["a new run keeps its checkpoint's model, but you set n_layer=3 (checkpoint: 2); drop them"]),
