@@ -57,7 +57,7 @@ dtype = "auto"  # weights and cache. auto: CUDA bf16; a CPU times float32 agains
 compile = "auto"  # auto: aot on a CPU, graphs on CUDA; aot (AOTInductor package), graphs (torch.compile), off
 eager = True  # with a compiled step: also time every variant eagerly, in the same rounds
 compile_autotune = True  # aot: inductor's C++ GEMM templates tuned per shape (faster steps, a longer build)
-compile_cache = ""  # where AOTInductor packages are kept ("": $NANOVHA_CACHE or ~/.cache/nanovha/compiled)
+compile_cache = ""  # where AOTInductor packages are kept ("": $NANOVHA_CACHE/compiled, ~/.cache/nanovha/compiled)
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
 # -----------------------------------------------------------------------------
@@ -383,11 +383,13 @@ def check_targets(models, at, breakdown, top, op_floor_ms, dtype_name):
     vha, b = at[("vha_folded", runtime, top)], breakdown["vha_folded"]
     note = "" if (top, dtype_name) == (16384, "float32") else f"  (set at 16K float32; this is {top}, {dtype_name})"
     print(f"\ntargets at context {top} ({runtime}):{note}")
-    if "mha" in models:
-        targets["vha_over_mha"] = x = vha["decode_tok_s"] / at[("mha", runtime, top)]["decode_tok_s"]
+    if "mha" in models:  # each at its faster runtime: a compiled step can lose to eager (MHA's long caches)
+        fastest = {n: max(at[(n, r, top)]["decode_tok_s"] for r in runtimes) for n in ("vha_folded", "mha")}
+        targets["vha_over_mha"] = x = fastest["vha_folded"] / fastest["mha"]
         kv_only = f"{breakdown['mha']['kv_ms'] / b['kv_ms']:.1f}x" if b["kv_ms"] > 0 else "n/a"
         targets["vha_over_mha_roofline"] = best = breakdown["mha"]["roofline_ms"] / b["roofline_ms"]
-        print(f"  folded VHA decode tok/s >= 3x MHA: {x:.2f}x (the KV parts alone: {kv_only}; at the roofline, "
+        print(f"  folded VHA decode tok/s >= 3x MHA (each at its faster runtime): {x:.2f}x (the KV parts alone, "
+              f"{runtime}: {kv_only}; at the roofline, "
               f"weights + KV at peak bandwidth, no implementation can beat {best:.2f}x)  {verdict(x >= 3)}")
     if f"gqa{vha_kv_head}" in models:
         x = vha["decode_tok_s"] / at[(f"gqa{vha_kv_head}", runtime, top)]["decode_tok_s"]

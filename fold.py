@@ -49,7 +49,7 @@ gen_tokens = 200  # greedy tokens that must come out identical
 seed = 1337
 device = "cpu"
 compile_decode = True  # CPU: also build the folded model's compiled decode step, which sample.py then loads
-compile_cache = ""  # where compiled packages are kept ("": $NANOVHA_CACHE or ~/.cache/nanovha/compiled)
+compile_cache = ""  # where compiled packages are kept ("": $NANOVHA_CACHE/compiled, ~/.cache/nanovha/compiled)
 defaults = flat_defaults(globals())
 LIMITS = {"eval_batches": ">= 1", "batch_size": ">= 1", "gen_tokens": ">= 1",
           "gguf_dtype": ("float32", "float16", "bfloat16")}

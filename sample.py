@@ -33,7 +33,7 @@ device = "auto"
 dtype = "auto"  # weights: auto (CUDA: bf16; a CPU times float32 against bf16 where native), float32, bfloat16, float16
 compile = "auto"  # the decode step. auto: a compiled one if cached for this model and machine, else eager; True:
 # build one if needed (CPU: an AOTInductor package, about a minute on 2 cores, then cached; CUDA: CUDA graphs); False
-compile_cache = ""  # where compiled packages are kept ("": $NANOVHA_CACHE or ~/.cache/nanovha/compiled)
+compile_cache = ""  # where compiled packages are kept ("": $NANOVHA_CACHE/compiled, ~/.cache/nanovha/compiled)
 LIMITS = {"num_samples": ">= 1", "max_new_tokens": ">= 1", "temperature": ">= 0", "top_k": ">= 1",
           "dtype": ("auto", "float32", "bfloat16", "float16"), "compile": ("auto", "True", "False")}
 config = settings(flat_defaults(globals()), sys.argv[1:], optional={"top_k": int}, limits=LIMITS)  # top_k None: all
@@ -85,7 +85,8 @@ if device_type == "cpu" and compile == "auto" and dtype == "auto":  # a step fol
         candidate = copy.deepcopy(model).to(getattr(torch, cached_dtype)).use_decode_layout()
         step = compiled_decode(candidate, compile_cache or default_folder(), build_it=False)
         if step is not None:
-            model, dtype, dtype_reason = candidate, cached_dtype, f"{cached_dtype}: the compiled step cached is"
+            dtype_reason = f"{cached_dtype}: the compiled step cached for this model"
+            model, dtype = candidate, cached_dtype
             break
 if step is None:
     dtype, dtype_reason = choose_decode_dtype(device_type, dtype, model)

@@ -437,9 +437,10 @@ while True:
         loss_sum += loss.detach()
     if freezing:
         drop_grads(frozen)  # no AdamW update at all, not even weight decay
-    if grad_clip:
+    grad_norm = None
+    if grad_clip:  # ||g|| over every parameter, before clipping: logged
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
@@ -452,6 +453,7 @@ while True:
     if master and (iter_num % log_interval == 0 or iter_num == max_iters - 1):
         dt = (time.time() - t_last) / iters_since
         row = {"iter": iter_num, "loss": loss_value, "lr": lr, "tok_per_s": tokens_per_iter / dt,
+               **({"grad_norm": grad_norm.item()} if grad_norm is not None else {}),
                "time": time.time() - t_start, **({"teacher_share": teacher_s / (dt * iters_since)} if teacher else {})}
         t_last, iters_since, teacher_s = time.time(), 0, 0.0
         if peak:

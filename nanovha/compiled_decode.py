@@ -81,6 +81,7 @@ def build(model, path, batch_size=1, autotune=True):
         configs = {"max_autotune": autotune, **quiet}
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning)
+            warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # inductor's own use of it
             torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
         os.replace(tmp, path)
     finally:
@@ -116,6 +117,7 @@ def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True):
 
 
 def default_folder():
-    """Where packages of models without a checkpoint folder go (the benchmarks' random models): $NANOVHA_CACHE,
-    else ~/.cache/nanovha/compiled."""
-    return os.environ.get("NANOVHA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "nanovha", "compiled")
+    """Where packages are kept: $NANOVHA_CACHE/compiled (the cache the dataset downloads share), else
+    ~/.cache/nanovha/compiled."""
+    root = os.environ.get("NANOVHA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "nanovha")
+    return os.path.join(root, "compiled")

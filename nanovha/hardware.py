@@ -242,6 +242,27 @@ def memory_problem(need_bytes, device, what, fix):
     return f"{what}: {need_bytes / 2**30:,.1f} GiB needed, {device} has {have / 2**30:,.1f} GiB available; {fix}"
 
 
+SDPA_OPS = (("attention_math", "math"), ("flash_attention", "flash"), ("efficient_attention", "mem-efficient"),
+            ("cudnn_attention", "cuDNN"), ("fused_attention_overrideable", "overrideable"))
+
+
+def sdpa_backend(name):
+    """A profiler op name -> the SDPA backend it belongs to, or None. Flash: aten::_scaled_dot_product_flash_attention
+    (_for_cpu on CPU), aten::_flash_attention_forward; the math path is one composite op,
+    aten::_scaled_dot_product_attention_math (_for_mps on Apple), its matmuls and softmax then show as plain ops."""
+    if not name.startswith("aten::_"):
+        return None  # aten::scaled_dot_product_attention itself is only the dispatcher
+    return next((backend for tag, backend in SDPA_OPS if tag in name), None)
+
+
+def sdpa_backends(fn):
+    """Runs fn under the profiler -> (sorted SDPA backends it used, sorted op names they came from)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    ops = sorted({e.name for e in prof.events() if sdpa_backend(e.name)})
+    return sorted({sdpa_backend(n) for n in ops}), ops
+
+
 def print_table(rows, columns):
     """columns: (header, key, format); right-aligned, one line per row, '-' where a row has no value."""
     cells = [[h for h, _, _ in columns]] + [[fmt.format(r[k]) if r.get(k) is not None else "-" for _, k, fmt in columns]

@@ -53,7 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from nanovha.config import ConfigError, configure  # noqa: E402
 from data.common import write_split  # noqa: E402
-from nanovha.hardware import gpu_spec  # noqa: E402
+from nanovha.hardware import gpu_spec, sdpa_backends  # noqa: E402
 from model import GPT, GPTConfig, fold_to_gqa  # noqa: E402
 
 # -----------------------------------------------------------------------------
@@ -90,27 +90,6 @@ def say(line):
 
 
 # ---- the SDPA backend of a step, from the profiler's op names ----
-SDPA_OPS = (("attention_math", "math"), ("flash_attention", "flash"), ("efficient_attention", "mem-efficient"),
-            ("cudnn_attention", "cuDNN"), ("fused_attention_overrideable", "overrideable"))
-
-
-def sdpa_backend(name):
-    """A profiler op name -> the SDPA backend it belongs to, or None. Flash: aten::_scaled_dot_product_flash_attention
-    (_for_cpu on CPU), aten::_flash_attention_forward; the math path is one composite op,
-    aten::_scaled_dot_product_attention_math (_for_mps on Apple), its matmuls and softmax then show as plain ops."""
-    if not name.startswith("aten::_"):
-        return None  # aten::scaled_dot_product_attention itself is only the dispatcher
-    return next((backend for tag, backend in SDPA_OPS if tag in name), None)
-
-
-def sdpa_backends(fn):
-    """Runs fn under the profiler -> (sorted SDPA backends it used, sorted op names they came from)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
-    ops = sorted({e.name for e in prof.events() if sdpa_backend(e.name)})
-    return sorted({sdpa_backend(n) for n in ops}), ops
-
-
 def describe(backends, ops):
     if not backends:
         return "no SDPA (grouped matmuls)"

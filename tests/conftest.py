@@ -1,3 +1,4 @@
+import importlib
 import json
 import os
 import random
@@ -19,6 +20,18 @@ def tiny_text(n_chars=60_000, seed=0):
         lines.append(rnd.choice(["ROMEO", "JULIET", "KING"]) + ":\n"
                      + " ".join(rnd.choice(WORDS) for _ in range(12)) + "\n")
     return "\n".join(lines)
+
+
+def optional(module, install="pip install -r requirements-dev.txt"):
+    """An optional dependency, imported: missing, it skips the test, except under CI=true, where it fails (CI must
+    run every test, so a broken install cannot pass as skips)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        why = f"{module} is not installed ({install})"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but {why}: CI runs every test")
+        pytest.skip(why)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -67,4 +80,5 @@ def last_iter(out):
 
 
 TINY_MODEL = ["--n_layer=2", "--n_embd=32", "--n_head=4", "--n_kv_head=2", "--block_size=32", "--batch_size=8",
-              "--eval_iters=2", "--log_interval=1", "--warmup_iters=5", "--learning_rate=3e-3", "--device=cpu"]
+              "--eval_iters=2", "--log_interval=1", "--warmup_iters=5", "--learning_rate=3e-3", "--device=cpu",
+              "--dtype=float32"]  # fp32 on every CPU: the tests of other dtypes give theirs after it

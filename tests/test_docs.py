@@ -128,3 +128,15 @@ def test_every_command_the_docs_name_exists():
             if not os.path.isfile(os.path.join(ROOT, script)):
                 missing.append(f"{doc}: {script}")
     assert not missing, f"commands that do not exist: {missing}"
+
+
+def test_a_missing_optional_package_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    """conftest.optional: CI (CI=true, as .ci/run exports) cannot pass on skips."""
+    from conftest import optional
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true but no_such_package_here is not installed"):
+        optional("no_such_package_here")
+    monkeypatch.setenv("CI", "")
+    with pytest.raises(pytest.skip.Exception):
+        optional("no_such_package_here")
+    assert "export CI=true" in open(os.path.join(ROOT, ".ci", "run")).read()

@@ -11,12 +11,12 @@ import torch
 
 from nanovha import gguf as gguf_export
 import fold
-from conftest import TINY_MODEL, run
+from conftest import TINY_MODEL, optional, run
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from data.common import load_tokenizer, prepare_string
 from test_model import make
 
-gguf = pytest.importorskip("gguf", reason="the GGUF export needs the gguf package: pip install -r requirements-dev.txt")
+gguf = optional("gguf")
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 VERSE = ["ROMEO:\nBut soft, what light through yonder window breaks?\n",
          "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\n",
@@ -27,15 +27,8 @@ BPE_TEXT = "ROMEO:\nWhat light through yonder window breaks?  It is the east, 15
 
 
 def llama_cpp():
-    """The llama_cpp module; outside CI a missing package skips (with the reason), in CI it fails."""
-    try:
-        import llama_cpp
-    except ImportError:
-        why = "llama-cpp-python is not installed (pip install -r requirements-llamacpp.txt)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true but {why}: CI must run the llama.cpp round trip")
-        pytest.skip(f"{why}: the llama.cpp round trip is not run")
-    return llama_cpp
+    """The llama_cpp module (conftest.optional: a skip outside CI, a failure in it)."""
+    return optional("llama_cpp", "pip install -r requirements-llamacpp.txt")
 
 
 def verse(n_chars=60_000, seed=0):
@@ -102,11 +95,11 @@ def test_llama_cpp_runs_the_export_like_we_do(kind, text, request):
     # 1. the same tokens for a mixed text, and back to the same text
     tokens = llm.tokenize(text.encode(), add_bos=False, special=False)
     assert tokens == encode(text) and llm.detokenize(tokens).decode() == text
-    # 2. the same logits, to 1e-3 of the largest
+    # 2. the same logits, to 2e-5 of the largest (measured: about 1e-6)
     want, got = our_logits(out, tokens), llama_logits(llm, tokens)
     scale = np.abs(want).max()
     assert want.shape == got.shape and scale > 1.0
-    assert np.abs(want - got).max() <= 1e-3 * scale, (np.abs(want - got).max(), scale)
+    assert np.abs(want - got).max() <= 2e-5 * scale, (np.abs(want - got).max(), scale)
     # 3. the same greedy text as sample.py --temperature=0, and the model says something
     prompt, n = "ROMEO:", 80 if kind == "char" else 30
     ours = run("sample.py", f"--out_dir={out}", f"--start={prompt}", "--temperature=0", f"--max_new_tokens={n}",
@@ -248,4 +241,4 @@ def test_a_model_without_a_text_tokenizer_runs_on_token_ids(tmp_path):
     assert llm.tokenize(b"[3][1][4]", add_bos=False, special=False) == [3, 1, 4]
     with torch.no_grad():
         want = model(torch.tensor([tokens]))[0][0, :, :37].double().numpy()
-    assert np.abs(want - llama_logits(llm, tokens)).max() <= 1e-3 * np.abs(want).max()
+    assert np.abs(want - llama_logits(llm, tokens)).max() <= 2e-5 * np.abs(want).max()

@@ -116,7 +116,8 @@ def test_gpu_spec_matches_whole_names_first(name, peak, hbm):
 
 
 def test_train_prints_its_choice_and_a_resume_keeps_it(char_data, tmp_path):
-    args = [f"--data_dir={char_data}", f"--out_dir={tmp_path}", *TINY_MODEL, "--warmup_iters=0", "--eval_interval=2"]
+    args = [f"--data_dir={char_data}", f"--out_dir={tmp_path}", *TINY_MODEL, "--warmup_iters=0", "--eval_interval=2",
+            "--dtype=auto"]
     proc = run("train.py", *args, "--max_iters=2")
     line = next(line for line in proc.stdout.splitlines() if line.startswith("dtype "))
     assert "s/step vs" in line and "timed on this run's model" in line, line
@@ -125,5 +126,5 @@ def test_train_prints_its_choice_and_a_resume_keeps_it(char_data, tmp_path):
     assert f"dtype {chosen}: the dtype this run trained in (resumed" in resumed.stdout
     # torch's AVX2 kernels: bf16 emulated, as on an AVX2 CPU
     forced = run("train.py", f"--data_dir={char_data}", f"--out_dir={tmp_path}/avx2", "--max_iters=0",
-                 "--dtype=bfloat16", *TINY_MODEL, "--warmup_iters=0", env={"ATEN_CPU_CAPABILITY": "avx2"})
+                 *TINY_MODEL, "--dtype=bfloat16", "--warmup_iters=0", env={"ATEN_CPU_CAPABILITY": "avx2"})
     assert "dtype float32" not in forced.stdout and forced.stderr.count("warning: bfloat16 was asked for") == 1

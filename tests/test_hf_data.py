@@ -13,9 +13,9 @@ import sys
 import numpy as np
 import pytest
 
-transformers = pytest.importorskip("transformers")
+from conftest import ROOT, optional, run, tiny_text
 
-from conftest import ROOT, run, tiny_text
+transformers = optional("transformers")
 from nanovha.preflight import vocab_problem
 from nanovha.qwen3 import model_from_hf
 from data import common

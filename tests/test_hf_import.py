@@ -5,12 +5,11 @@ import json
 import pytest
 import torch
 
-from conftest import run
+from conftest import optional, run
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.qwen3 import model_from_hf
 
-transformers = pytest.importorskip("transformers",
-                                   reason="the Qwen3 import tests need transformers (pip install transformers)")
+transformers = optional("transformers")
 CHARS = "abcdefghijklmnopqrstuvwxyz .,:;!?\n'ROMEJULIT"
 
 

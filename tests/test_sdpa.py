@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model import GPT, GPTConfig, kv_expand_needed, plain_attention, sdpa
+from nanovha.hardware import sdpa_backends
 
 SHAPES = {"gqa": dict(attn="gqa"), "vha": dict(attn="vha", vha_postmix_rank=2)}
 
@@ -34,15 +35,25 @@ def test_training_step_prefill_and_decode_take_flash(name, dtype):
     step with weights and cache in dtype. None may reach the math path (it would raise here)."""
     model = tiny(**SHAPES[name])
     x = torch.randint(64, (2, 32))
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+    out = {}
+
+    def train():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            loss = model(x, x)[1]
-        loss.backward()
-        assert loss.isfinite() and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+            out["loss"] = model(x, x)[1]
+        out["loss"].backward()
+
+    def serve():
         deployed = tiny(decode_impl="sdpa", **SHAPES[name]).to(dtype).eval()
         deployed.setup_cache(2, 32)
-        logits = [deployed.prefill(x[:, :16])] + [deployed.decode_one_token(x[:, t:t + 1], t) for t in (16, 17)]
-    assert all(lg.isfinite().all() for lg in logits)
+        out["logits"] = [deployed.prefill(x[:, :16])] + [deployed.decode_one_token(x[:, t:t + 1], t) for t in (16, 17)]
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        used = {"train": sdpa_backends(train)[0], "serve": sdpa_backends(serve)[0]}
+    assert used == {"train": ["flash"], "serve": ["flash"]}, used  # SDPA was called, and no other backend ran
+    assert out["loss"].isfinite() and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    assert all(lg.isfinite().all() for lg in out["logits"])
+    with sdpa_kernel([SDPBackend.MATH]):  # the detector tells the math path apart
+        assert sdpa_backends(serve)[0] == ["math"]
 
 
 @pytest.mark.parametrize("causal", [True, False])
