@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, pyplot,
-                                 read_json, run_all, same_run, train, write_json)
+                                 read_json, run_all, same_run, t_crit, train, write_json)
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 
 # -----------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def cmd_run(cfg):
 def comparison_lines(M):
     """The paper's comparisons as table rows plus a tally, judged by paired differences over shared seeds."""
     lines = ["| comparison | paper Δ (points) | Δ val loss, paired (mean ± SE) | verdict |", "|---|---|---|---|"]
-    tally = []
+    tally, n = [], 0  # n: the last comparison's shared seeds (every variant runs the same seeds)
     for a, b in COMPARISONS:
         if a not in M or b not in M:
             continue
@@ -159,8 +159,9 @@ def comparison_lines(M):
               f"and are resolved, {sum(v == 'opposite, resolved' for v in tally)} go the opposite way and are "
               f"resolved, {count('not resolved')} are not resolved"
               + (f", {len(tally) - count('resolved')} not judged" if len(tally) > count("resolved") else "") + ".",
-              "- Resolved: the paired t-test over the shared seeds rejects 'no difference' at 5% (two-sided; with 3 "
-              "seeds that needs |Δ| > 4.3 SE). Among 12 comparisons, about one in 20 passes by chance."]
+              f"- Resolved: the paired t-test over the shared seeds rejects 'no difference' at 5% (two-sided; with "
+              f"{n} seeds that needs |Δ| > {t_crit(n - 1)} SE)" if n > 1 else "- Resolved: needs 2 seeds or more",
+              f"- Exploratory: {len(tally)} uncorrected tests, so about {len(tally) / 20:.1f} pass by chance alone."]
     return lines
 
 

@@ -26,8 +26,8 @@ import time
 import numpy as np
 import torch
 
-from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, mcnemar, paired, parse_command, pyplot,
-                                 read_json, ROOT, run_all, same_run, train, write_json)
+from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, mcnemar, mde, paired, parse_command,
+                                 pyplot, read_json, ROOT, run_all, same_run, train, write_json)
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from data.recall import tasks
 from model import fold_to_gqa
@@ -228,8 +228,8 @@ def steps_to(curve, level, iters):
 def area(curve, iters):
     """Mean held-out accuracy over the run's steps (trapezoids between evals); after an early stop the curve stays
     at its last value to the end of the budget."""
-    s, a = zip(*curve, (iters, curve[-1][1]))
-    return float(np.trapezoid(a, s) / iters) if iters else a[0]
+    s, a = (np.array(v, dtype=float) for v in zip(*curve, (iters, curve[-1][1])))
+    return float(((a[1:] + a[:-1]) / 2 * np.diff(s)).sum() / iters) if iters else float(a[0])  # any numpy
 
 
 def measures(r):
@@ -253,17 +253,19 @@ def results(cfg, root, variants):
 
 
 def paired_line(A, B, key, scale, digits):
-    """Paired a - b of one measure over shared seeds, formatted, with the smallest effect 2 SE would detect."""
+    """Paired a - b of one measure over shared seeds, formatted, with its MDE: the difference these seeds detect with
+    80% power at 5% (experiments.mde, (t_crit + t_80) x SE)."""
     stat = paired({s: r[key] for s, r in A.items()}, {s: r[key] for s, r in B.items()})
     text = fmt_paired(*stat, scale=scale, digits=digits)
-    return (f"**{text}**" if stat[4] else text), (f"{2 * stat[2] * scale:.{digits}f}" if stat[0] > 1 else "-")
+    return (f"**{text}**" if stat[4] else text), (f"{mde(stat[2], stat[0]) * scale:.{digits}f}" if stat[0] > 1 else "-")
 
 
 def paired_section(at, points, th):
     """sweep.md's paired comparisons: at(point, variant) -> {seed: result}; th: the success threshold."""
     lines = ["## Paired comparisons", "",
               "Δ = first minus second over the seeds both ran, mean ± SE (|t| in SE, n seeds). **Bold**: the paired "
-              "t-test rejects 'no difference' at 5%. MDE: the smallest difference these seeds resolve at 2 SE. Fewer "
+              "t-test rejects 'no difference' at 5%. MDE: the difference these seeds would detect with 80% power, "
+              "(t_crit + t_80) x SE (the test itself rejects beyond t_crit x SE). Fewer "
               "steps and a larger AUC are better. 'Seeds both learned': only the seeds where both variants succeeded "
               "(how fast, given that they learn; how often they learn is the success column). Success: seeds where "
               f"only the first / only the second reached {th:.0%}, exact McNemar p.", "",

@@ -174,6 +174,7 @@ if master and wandb_log:  # no login or no package: one line now, not after the 
         wandb.init(project=wandb_project, name=wandb_run_name, config=dict(config))
     except Exception as e:  # wandb's own errors (UsageError, CommError, ...) share no base class but Exception
         first = (str(e).splitlines() or [""])[0]
+        lock.close()  # a folder this run created is removed again (it is still empty)
         sys.exit(f"error: --wandb_log=True, but wandb cannot start ({type(e).__name__}: {first}); "
                  f"run `wandb login`, set WANDB_MODE=offline, or drop --wandb_log")
 ckpt, teacher_model = None, None

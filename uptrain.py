@@ -33,7 +33,7 @@ import time
 import torch
 
 from nanovha.experiments import (fmt, fmt_paired, load_results, paired, parse_command, read_json, run_all, run_script,
-                                 same_run, T_CRIT, train, write_json)
+                                 same_run, t_crit, train, write_json)
 
 # -----------------------------------------------------------------------------
 DEFAULTS = dict(
@@ -315,7 +315,7 @@ def cmd_report(cfg):
               f"{fmt_paired(c['n'], c['mean'], c['se'], c['t'], c['resolved'])} | {verdict(c)} |" for c in comps]
     n = cfg["n_seeds"]
     lines += ["", "Resolved: the paired t-test over the shared seeds rejects 'no difference' at 5% (two-sided"
-              + (f"; with {n} seeds that needs |Δ| > {T_CRIT[min(n - 1, len(T_CRIT)) - 1]} SE" if n > 1 else "")
+              + (f"; with {n} seeds that needs |Δ| > {t_crit(n - 1)} SE" if n > 1 else "")
               + "). Lower loss is better: a negative Δ means the first is better."]
     fold_log = os.path.join(cfg["root"], "deployed", "fold.out")
     if os.path.exists(fold_log):

@@ -24,6 +24,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: 
 # two-sided 5% critical values of Student's t for df = 1..30 (beyond 30 the df=30 value: slightly conservative)
 T_CRIT = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
           2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+# the 80% quantile of Student's t for df = 1..30: t_crit + t_80 standard errors is the difference a two-sided 5%
+# test detects with 80% power
+T_80 = (1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879, 0.876, 0.873, 0.870, 0.868, 0.866,
+        0.865, 0.863, 0.862, 0.861, 0.860, 0.859, 0.858, 0.858, 0.857, 0.856, 0.856, 0.855, 0.855, 0.854, 0.854)
 
 
 def parse_command(argv, commands, defaults, sizes):
@@ -149,11 +153,70 @@ def paired(a, b):
     if n < 2:
         return n, float(d.mean()) if n else math.nan, math.nan, math.nan, False
     mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(n))
-    if se == 0:  # every seed gave the same difference: no spread to test against, so an exact sign test decides
+    if se <= 1e-12 * max(1.0, abs(mean)):  # every seed the same difference (up to rounding): an exact sign test
         # all n same sign: needs n >= 6
         return n, mean, se, (math.inf if mean else 0.0), mean != 0 and 2 * 0.5 ** n < 0.05
     t = abs(mean) / se
-    return n, mean, se, t, t > T_CRIT[min(n - 1, len(T_CRIT)) - 1]
+    return n, mean, se, t, t > t_crit(n - 1)
+
+
+def t_crit(df):
+    """The two-sided 5% critical value of Student's t (df >= 1; past 30 the df=30 value, slightly conservative)."""
+    return T_CRIT[min(df, len(T_CRIT)) - 1]
+
+
+def resolvable(se, n):
+    """The smallest difference the paired t-test on n seeds rejects at 5%, two-sided: t_crit(n - 1) x SE."""
+    return t_crit(n - 1) * se
+
+
+def mde(se, n):
+    """The minimum detectable effect for planning: the difference found with 80% power by a two-sided 5% paired
+    test on n seeds with this SE, (t_crit(n - 1) + t_80(n - 1)) x SE (about 2.8 SE for many seeds)."""
+    return (t_crit(n - 1) + T_80[min(n - 1, len(T_80)) - 1]) * se
+
+
+def seeds_for_power(sd, effect, most=1000):
+    """The fewest seeds n >= 2 at which a per-seed spread sd (the std of the paired differences) gives an MDE at or
+    below effect: mde(sd / sqrt(n), n) <= effect; None if even `most` seeds do not."""
+    return next((n for n in range(2, most + 1) if mde(sd / math.sqrt(n), n) <= effect), None)
+
+
+def t_p_value(t, df, steps=20_000):
+    """Two-sided p-value of |t| under Student's t with df degrees of freedom: 1 - the density's integral over
+    [-|t|, |t|] (Simpson's rule on the exact density)."""
+    t = abs(t)
+    if math.isinf(t):
+        return 0.0
+    c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    x = np.linspace(0.0, t, steps + 1)
+    f = np.exp(c - (df + 1) / 2 * np.log1p(x * x / df))
+    inside = 2 * (t / steps / 3) * (f[0] + f[-1] + 4 * f[1:-1:2].sum() + 2 * f[2:-1:2].sum())
+    return float(min(1.0, max(0.0, 1.0 - inside)))
+
+
+def holm(p_values, alpha=0.05):
+    """Holm's step-down correction over a family of tests: {name: p} -> {name: rejected at family-wise alpha}."""
+    rejected, still = {}, True
+    for i, (name, p) in enumerate(sorted(p_values.items(), key=lambda kv: kv[1])):
+        still = still and p <= alpha / (len(p_values) - i)
+        rejected[name] = still
+    return rejected
+
+
+def clopper_pearson(k, n, alpha=0.05):
+    """The exact (Clopper-Pearson) two-sided 1 - alpha interval of a success rate, k successes in n runs: the p at
+    which P(X >= k) = alpha / 2 and the p at which P(X <= k) = alpha / 2, found by bisection on the binomial tails."""
+    def at_least(j, p):  # P(X >= j), increasing in p
+        return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(j, n + 1))
+
+    def solve(j, target):
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if at_least(j, mid) < target else (lo, mid)
+        return (lo + hi) / 2
+    return (0.0 if k == 0 else solve(k, alpha / 2)), (1.0 if k == n else solve(k + 1, 1 - alpha / 2))
 
 
 def mcnemar(a, b):

@@ -219,13 +219,6 @@ def test_text_prepare_script(tmp_path):
     assert "vocab size 8" in r.stdout
 
 
-def test_text_prepare_missing_file(tmp_path):
-    r = run_text_prepare(["--input", "nope.txt", "--out_dir", "out"], tmp_path)
-    assert r.returncode != 0
-    assert "input file not found: nope.txt" in r.stderr and "Traceback" not in r.stderr
-    assert not (tmp_path / "out").exists()
-
-
 def test_fineweb_script_with_stub_datasets(sdist_cache, tmp_path):
     # the real script, fed by a stand-in `datasets` module instead of the Hugging Face hub
     stub = tmp_path / "stub" / "datasets"

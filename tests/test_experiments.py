@@ -1,5 +1,7 @@
 """experiments.py: a moved results folder keeps its runs while other settings are refused, and the paired
 statistics (t-test, exact sign test, McNemar) give the textbook numbers."""
+import math
+
 import pytest
 
 from nanovha import experiments
@@ -40,3 +42,40 @@ def test_mcnemar_counts_only_discordant_seeds():
     assert experiments.mcnemar(b, a)[2] == pytest.approx(2 / 64)
     assert experiments.mcnemar(a, a) == (0, 0, 1.0)
     assert experiments.mcnemar({1: True, 2: False}, {1: False, 2: True}) == (1, 1, 1.0)
+
+
+def test_power_planning_numbers():
+    """mde = (t_crit + t_80) x SE, resolvable = t_crit x SE, and the seeds a planned comparison needs: at n = 10 the
+    80%-power MDE is 3.145 SE (2.262 + 0.883), not the 2 SE once printed; an effect of half the per-seed spread
+    needs 34 seeds (the normal approximation, (1.96 + 0.84)^2 / 0.25 = 31.4, plus t's heavier tails)."""
+    assert experiments.resolvable(1.0, 10) == pytest.approx(2.262)
+    assert experiments.mde(1.0, 10) == pytest.approx(3.145)
+    assert experiments.seeds_for_power(1.0, 0.5) == 34
+    n = experiments.seeds_for_power(2.0, 0.5)
+    assert experiments.mde(2.0 / n ** 0.5, n) <= 0.5 < experiments.mde(2.0 / (n - 1) ** 0.5, n - 1)
+
+
+@pytest.mark.parametrize("t, df, p", [(2.262, 9, 0.05), (12.706, 1, 0.05), (2.042, 30, 0.05), (0.0, 5, 1.0),
+                                      (3.25, 9, 0.01)])
+def test_t_p_value_matches_the_tables(t, df, p):
+    assert experiments.t_p_value(t, df) == pytest.approx(p, abs=2e-4)
+
+
+def test_holm_steps_down():
+    assert experiments.holm({"a": 0.01, "b": 0.04, "c": 0.03}) == {"a": True, "c": False, "b": False}
+    assert experiments.holm({"a": 0.01, "b": 0.02}) == {"a": True, "b": True}  # 0.01 <= 0.025, then 0.02 <= 0.05
+    assert experiments.holm({"a": 0.03, "b": 0.001}) == {"b": True, "a": True}
+
+
+@pytest.mark.parametrize("k, n, lower, upper", [(5, 5, 0.4782, 1.0), (0, 10, 0.0, 0.3085), (17, 20, 0.6211, 0.9679),
+                                                (1, 2, 0.0126, 0.9874)])
+def test_clopper_pearson_intervals(k, n, lower, upper):
+    lo, hi = experiments.clopper_pearson(k, n)
+    assert (lo, hi) == (pytest.approx(lower, abs=1e-4), pytest.approx(upper, abs=1e-4))
+
+
+def test_zero_spread_tolerates_rounding():
+    """Differences 0.2 and 0.19999999999999998: no spread, not |t| ~ 1e16; the exact sign test decides (n=2: not
+    resolved)."""
+    n, mean, se, t, resolved = experiments.paired({0: 0.3, 1: 0.5}, {0: 0.1, 1: 0.3})
+    assert t == math.inf and not resolved

@@ -176,6 +176,10 @@ BAD_TRAIN = {  # id: (extra args, env, needles)
     "warmup past decay": (["--max_iters=50", "--warmup_iters=100"], {}, ["warmup_iters=100 is past lr_decay_iters=50"]),
     "min_lr above lr": (["--min_lr=1.0"], {}, ["min_lr=1.0 must be in [0, learning_rate=0.003]"]),
     "missing GPU": (["--device=cuda:99"], {}, ["device 'cuda:99' asked for"]),
+    "negative mlp_hidden": (["--mlp_hidden=-1"], {}, ["mlp_hidden must be >= 1 (or None: 3 * n_embd), got -1"]),
+    "a folder as the config file": (["config"], {}, ["config file 'config' is a folder"]),
+    "wandb that cannot start": (["--wandb_log=True"], {"WANDB_MODE": "nonsense"},
+                                ["--wandb_log=True, but wandb cannot start", "WANDB_MODE=offline"]),
     # exactly the environment torchrun gives each of 2 processes; the check runs before any rendezvous
     "accumulation not divisible by processes": (
         ["--gradient_accumulation_steps=3"], {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"},
@@ -279,6 +283,7 @@ def test_damaged_dataset(char_data, tmp_path, damage):
 def test_prepare_scripts_bad_input(tmp_path):
     fails(run("data/text/prepare.py", "--input", tmp_path / "nope.txt", "--out_dir", tmp_path / "d"),
           "error: input file not found")
+    assert not (tmp_path / "d").exists()
     (tmp_path / "a_file").write_text("")
     (tmp_path / "in.txt").write_text(tiny_text(2000))
     fails(run("data/text/prepare.py", "--input", tmp_path / "in.txt", "--out_dir", tmp_path / "a_file" / "d"),

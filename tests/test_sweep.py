@@ -104,7 +104,7 @@ def test_folders_from_the_old_ablate_sweep_still_report(tmp_path, monkeypatch):
     assert rows["mha", 2]["steps_to_90"] == 50
     line = next(x for x in (tmp_path / "sweep.md").read_text().splitlines() if x.startswith("| mha vs gqa2 |"))
     # paired: 50 - 90, 50 - 100; not resolved with 1 df (needs 12.7 SE)
-    assert "| -45 ± 5 (9.0 SE, n=2) | 10 |" in line
+    assert "| -45 ± 5 (9.0 SE, n=2) | 70 |" in line  # MDE at n=2: (12.706 + 1.376) x 5 SE
     assert "| 1 / 0 (p = 1) |" in line  # success (>= 90% at the end): seed 2 only for mha
 
 
