@@ -118,7 +118,14 @@ def read_safetensors(folder):
         raise FileNotFoundError(
             f"{folder} has no {missing[0]}: copy the whole Hugging Face folder (safetensors weights; "
             f".bin weights: re-save them with save_pretrained(safe_serialization=True))")
-    return {k: v for n in files for k, v in load_file(os.path.join(folder, n)).items()}
+    state = {}
+    for n in files:
+        try:
+            state.update(load_file(os.path.join(folder, n)))
+        except Exception as e:  # safetensors' own error type (a truncated or foreign file) has no stable import path
+            raise ValueError(f"{os.path.join(folder, n)} cannot be read as safetensors ({type(e).__name__}: "
+                             f"{(str(e).splitlines() or [''])[0][:120]}); copy the file again (truncated?)") from None
+    return state
 
 
 def model_from_hf(folder, device="cpu"):
@@ -148,10 +155,10 @@ def model_from_hf(folder, device="cpu"):
     if cfg.tie_embeddings:  # tied: the export may omit lm_head, or hold a copy; the embedding is the one weight
         state.pop("lm_head.weight", None)
     # q/k/v and gate/up rows stacked; vocab rows padded to a multiple of 64
-    state = pad_vocab(fuse_projections(state), cfg)
-    if cfg.tie_embeddings and "embed.weight" in state:
-        state["lm_head.weight"] = state["embed.weight"]
     try:
+        state = pad_vocab(fuse_projections(state), cfg)
+        if cfg.tie_embeddings and "embed.weight" in state:
+            state["lm_head.weight"] = state["embed.weight"]
         model = model_from_state(cfg, state, device)
     except (RuntimeError, ValueError) as e:
         raise ValueError(f"{folder}: the weights do not fit config.json "

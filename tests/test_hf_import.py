@@ -114,6 +114,32 @@ def test_hf_import_names_a_broken_config(case, tmp_path):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+WEIGHTS_BROKEN = {  # what happened to a saved folder's weights -> the needle
+    "truncated safetensors": (lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+                              "cannot be read as safetensors"),
+    "a weight of the wrong shape": (None, "the weights do not fit config.json"),
+    "NaN weights": (None, "holds NaN or inf"),
+}
+
+
+@pytest.mark.parametrize("case", WEIGHTS_BROKEN)
+def test_hf_import_names_broken_weights(case, tmp_path):
+    from safetensors.torch import load_file, save_file
+    save_qwen3(str(tmp_path))
+    path = tmp_path / "model.safetensors"
+    damage, needle = WEIGHTS_BROKEN[case]
+    if damage:
+        damage(path)
+    else:
+        tensors = load_file(str(path))
+        name = "model.layers.0.self_attn.q_proj.weight"
+        tensors[name] = torch.zeros(3, 3) if "shape" in case else torch.full_like(tensors[name], float("nan"))
+        save_file(tensors, str(path))
+    with pytest.raises(ValueError) as e:
+        model_from_hf(str(tmp_path))
+    assert needle in str(e.value) and "\n" not in str(e.value), e.value
+
+
 def test_sample_py_on_a_qwen3_folder_uses_its_tokenizer(tmp_path):
     hf = save_qwen3(str(tmp_path / "hf"))
     proc = run("sample.py", f"--hf_dir={tmp_path / 'hf'}", "--start=ROMEO: hi", "--temperature=0", "--max_new_tokens=8",

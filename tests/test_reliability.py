@@ -195,6 +195,11 @@ def test_bad_train_settings(char_data, tmp_path, case):
     assert not out.exists()
 
 
+def test_a_folder_where_the_log_goes(char_data, tmp_path):
+    (tmp_path / "out" / "log.jsonl").mkdir(parents=True)
+    fails(run("train.py", *train_args(char_data, tmp_path / "out")), "log.jsonl is a folder, where train.py writes")
+
+
 def test_unwritable_out_dir(char_data, tmp_path):
     (tmp_path / "a_file").write_text("")  # as root chmod does not stop writes; a path under a file always fails
     fails(run("train.py", *train_args(char_data, tmp_path / "a_file" / "out")), "is not writable (Not a directory)")

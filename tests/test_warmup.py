@@ -182,6 +182,9 @@ BAD = {  # id: (args given (teacher, conv, tmp_path), needles)
                         ["cannot start from init_from=", "corrupt or truncated"]),
     "student not loadable": (lambda t, c, p: [f"--init_from={bad_copy(c, p, model={})}"],
                              ["weights do not load: missing weights"]),
+    "a model knob at train.py's default contradicts": (  # attn='vha' is the default: still compared
+        lambda t, c, p: [f"--init_from={t}", "--attn=vha"],
+        ["a new run keeps its checkpoint's model, but you set attn='vha' (checkpoint: 'gqa')"]),
     "model knob contradicts": (
         lambda t, c, p: [f"--init_from={c}", "--n_layer=3"],
         ["a new run keeps its checkpoint's model, but you set n_layer=3 (checkpoint: 2); drop them"]),
