@@ -3,7 +3,7 @@ The decode levers one at a time, on one folded-VHA-shaped model at one context: 
 torch.compile (inductor defaults, + freezing, + cpp_wrapper), AOTInductor (without and with max_autotune), and
 llama.cpp on the same weights. Each lever runs in a fresh process (inductor's settings are global); each prints
 its build time and median ms/token. What bench_decode.py and sample.py use was chosen from this table
-(docs/benchmarks.md#compiled-decode).
+(docs/benchmarks.md, compiled decode).
 
     python scripts/decode_levers.py                                    # the benchmark's 6 x 512 model, 1K context
     python scripts/decode_levers.py --shape=demo --context=256 --threads=1   # the demo's 4 x 128 model
