@@ -128,3 +128,11 @@ def test_train_prints_its_choice_and_a_resume_keeps_it(char_data, tmp_path):
     forced = run("train.py", f"--data_dir={char_data}", f"--out_dir={tmp_path}/avx2", "--max_iters=0",
                  *TINY_MODEL, "--dtype=bfloat16", "--warmup_iters=0", env={"ATEN_CPU_CAPABILITY": "avx2"})
     assert "dtype float32" not in forced.stdout and forced.stderr.count("warning: bfloat16 was asked for") == 1
+
+
+@pytest.mark.parametrize("cuda, mps, picked", [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")])
+def test_device_auto_prefers_cuda_then_mps_then_cpu(monkeypatch, cuda, mps, picked):
+    from nanovha.config import resolve_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    assert resolve_device("auto") == picked
