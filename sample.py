@@ -78,7 +78,7 @@ if len(prompt) + max_new_tokens > block:
           file=sys.stderr)
 
 # the decode step: compiled where a package for this model and machine is cached (fold.py builds one for the folded
-# checkpoint) or where asked for; eager otherwise, which wins for short generations (docs/benchmarks.md, compiled decode)
+# checkpoint) or where asked for; eager otherwise, which wins for short generations (docs/benchmarks.md)
 step, device_type, model = None, device.split(":")[0], model.eval()
 if device_type == "cpu" and compile == "auto" and dtype == "auto":  # a step fold.py built, in the dtype it chose
     for cached_dtype in ("float32", "bfloat16"):
