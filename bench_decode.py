@@ -426,7 +426,7 @@ def run_decode():
     top_auto = 18 if device_type == "cuda" else 15
     ctxs = [2**i for i in range(10, top_auto)] if contexts == "auto" else [int(p) for p in parts]
     models, fold_diffs, meta = decode_models()
-    caches = sum(m.cfg.kv_values_per_token for m in models.values()) * max(ctxs) * batch_size * 4  # float32 at most
+    caches = sum(m.cfg.kv_bytes_per_token(torch.float32) for m in models.values()) * max(ctxs) * batch_size
     stop_if(memory_problem(caches + sum(weight_bytes(m) for m in models.values()), device,
                            f"the KV caches at context {max(ctxs):,} (batch {batch_size}) and every variant's weights",
                            "lower --contexts or --batch_size, or bench fewer --variants"))

@@ -287,7 +287,6 @@ def convert_and_save(dst):
     converted, fits = convert(source, to, n_kv_head, ridge, postmix_rank, seed, grams)
     errors, summary = layer_errors(source, converted.eval(), tokens)
     rows = report(source, converted, fits, errors, summary, where)
-    os.makedirs(out_dir, exist_ok=True)
     method = (f"VHA: premix by ridge least squares on the {premix_fit}, K/V mean-pooled" if to == "vha"
               else "GQA: K/V mean-pooled")
     save_checkpoint({"model": converted.state_dict(), "model_args": asdict(converted.cfg), "meta": meta, "iter_num": 0,

@@ -29,7 +29,7 @@ from nanovha import llamacpp
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nanovha.compiled_decode import compiled_decode, default_folder
 from nanovha.config import flat_defaults, settings
-from nanovha.gguf import gguf_export_problem, write_gguf
+from nanovha.gguf import GGUF_DTYPES, gguf_export_problem, write_gguf
 from nanovha.hardware import choose_decode_dtype
 from nanovha.health import layer_health
 from nanovha.outputs import Busy, clobber_problem, holding, run_folder_problem, writable_problem
@@ -52,7 +52,7 @@ compile_decode = True  # CPU: also build the folded model's compiled decode step
 compile_cache = ""  # where compiled packages are kept ("": $NANOVHA_CACHE/compiled, ~/.cache/nanovha/compiled)
 defaults = flat_defaults(globals())
 LIMITS = {"eval_batches": ">= 1", "batch_size": ">= 1", "gen_tokens": ">= 1",
-          "gguf_dtype": ("float32", "float16", "bfloat16")}
+          "gguf_dtype": GGUF_DTYPES}
 # -----------------------------------------------------------------------------
 
 

@@ -70,7 +70,7 @@ if not prompt:
 block = model.cfg.block_size
 if len(prompt) > block:
     sys.exit(f"error: the prompt is {len(prompt)} tokens but the model's context (block_size) is {block}; shorten it")
-cache_bytes = model.cfg.kv_values_per_token * (len(prompt) + max_new_tokens) * 4  # float32 at most
+cache_bytes = model.cfg.kv_bytes_per_token(torch.float32) * (len(prompt) + max_new_tokens)  # float32 at most
 stop_if(memory_problem(cache_bytes, device, f"the KV cache for {len(prompt) + max_new_tokens:,} positions",
                        "lower --max_new_tokens"))
 if len(prompt) + max_new_tokens > block:

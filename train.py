@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data.dataset import DATA_ROOT, Dataset, prepare_if_missing
 from model import GPT, GPTConfig
 from nanovha.checkpoint import save_checkpoint
-from nanovha.config import flat_defaults, need, settings, stop_if
+from nanovha.config import flat_defaults, settings, stop_if
 from nanovha.distill import adamw_groups, drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
 from nanovha.hardware import autocast_for, choose_dtype, compile_counters, gpu_spec, training_step
 from nanovha.health import vha_health
@@ -184,8 +184,6 @@ if init_from != "scratch":  # read the checkpoint first: a bad one fails before 
     except (FileNotFoundError, ImportError, ValueError) as e:
         sys.exit(f"error: {e}")
     globals().update({k: config[k] for k in RESUME_KEYS})  # a resumed run: the checkpoint's seed, data, warm-up
-    need(gradient_accumulation_steps % world_size == 0, f"the checkpoint's gradient_accumulation_steps="
-         f"{gradient_accumulation_steps} does not split among {world_size} processes; resume with a divisor of it")
     accum_per_rank = gradient_accumulation_steps // world_size
     model_args, block_size = ckpt["model_args"], model.cfg.block_size
     if resuming:

@@ -1,11 +1,11 @@
 """
 What a command may write, checked before it writes anything: no output is one of its inputs (or inside an input
-folder), an output folder holding another run is refused unless this is that run resuming or --overwrite=True was
-given, every output folder is writable, and one process at a time writes an out_dir (an exclusive lock the kernel
-releases when the process dies, so a killed run never leaves a stale one).
+folder), an output folder holding another run is refused, every output folder is writable, and one process at a time
+writes an out_dir (an exclusive lock the kernel releases when the process dies, so a killed run never leaves a stale
+one).
 
     stop_if(clobber_problem({"--export_gguf": path}, {"--out_dir/ckpt.pt": src}))
-    stop_if(run_folder_problem(out_dir, overwrite))
+    stop_if(run_folder_problem(export_dir))
     lock = hold(out_dir)   # until lock.close() or the process ends; a second process: one line with our pid
 """
 import contextlib
@@ -48,16 +48,10 @@ def same_file(a, b):
         return False
 
 
-def run_folder_problem(folder, overwrite=False, allow=()):
-    """Why writing into folder would touch another run's files (its checkpoint or log, other than the names in allow),
-    or None; --overwrite=True takes the responsibility."""
-    if overwrite or not os.path.isdir(folder):
-        return None
-    theirs = [n for n in RUN_FILES if n not in allow and os.path.exists(os.path.join(folder, n))]
-    if theirs:
-        return (f"{folder} holds another run ({', '.join(theirs)}); choose a new folder, or pass --overwrite=True to "
-                f"replace what this command writes there")
-    return None
+def run_folder_problem(folder):
+    """Why writing into folder would touch another run's files (its checkpoint or log), or None."""
+    theirs = [n for n in RUN_FILES if os.path.exists(os.path.join(folder, n))] if os.path.isdir(folder) else []
+    return f"{folder} holds another run ({', '.join(theirs)}); choose a new folder" if theirs else None
 
 
 def writable_problem(folder, flag):
@@ -93,7 +87,7 @@ def hold(folder):
         holder = lock_holder(fd)
         os.close(fd)
         raise Busy(f"{folder} is being written by another process (pid {holder}); wait for it to finish, "
-                         f"or choose another folder") from None
+                   f"or choose another folder") from None
     return Held(fd, folder if created else None)
 
 

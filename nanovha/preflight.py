@@ -76,12 +76,16 @@ def warmup_problem(c, ckpt_path):
 
 
 
+def given(c):
+    """The keys a config file or flag set (config.Settings.given); every key of a plain dict."""
+    return getattr(c, "given", c.keys())
+
+
 def contradictions(c, kept, keys):
-    """The knobs a config file or flag set (c.given; a None asks for the derived default) to something else than a
+    """The knobs a config file or flag set (a None asks for the derived default) to something else than a
     checkpoint keeps: 'k=v (checkpoint: w), ...'."""
-    given = getattr(c, "given", c.keys())
     return ", ".join(f"{k}={c[k]!r} (checkpoint: {kept[k]!r})" for k in keys
-                     if k in given and c[k] is not None and c[k] != kept[k])
+                     if k in given(c) and c[k] is not None and c[k] != kept[k])
 
 
 def vocab_mismatch(meta, name, data_meta, data_dir, fix):
@@ -105,7 +109,7 @@ def kept_on_resume(saved, c, defaults):
 def start_args(model_args, c):
     """A new run from a checkpoint: its model_args with block_size and dropout as set (training knobs; block_size up
     to the checkpoint's), and the line refusing a longer block_size, or None."""
-    own = {k: c[k] for k in ("block_size", "dropout") if k in getattr(c, "given", c.keys())}
+    own = {k: c[k] for k in ("block_size", "dropout") if k in given(c)}
     longest = model_args["block_size"]
     return {**model_args, **own}, own.get("block_size", 0) > longest and (
         f"block_size={c['block_size']} is past the checkpoint's {longest}, the longest sequence its model takes; "
