@@ -27,7 +27,7 @@ from model import GPT, GPTConfig
 from nanovha.checkpoint import save_checkpoint
 from nanovha.config import flat_defaults, settings, stop_if
 from nanovha.distill import adamw_groups, drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
-from nanovha.hardware import autocast_for, choose_dtype, compile_counters, gpu_spec, training_step
+from nanovha.hardware import autocast_for, choose_compile, choose_dtype, compile_counters, gpu_spec, training_step
 from nanovha.health import vha_health
 from nanovha.outputs import hold
 from nanovha.peers import PeerWatch, start_ddp
@@ -102,7 +102,7 @@ min_lr = None  # default learning_rate / 10
 device = "auto"  # auto picks cuda, then mps, then cpu; or "cpu", "cuda", "cuda:1", "mps"
 dtype = "auto"  # auto: CUDA bf16 autocast (fp16 on old GPUs);
 # a CPU times fp32 against bf16 (where native), keeps the faster
-compile = None  # None: on for CUDA, off elsewhere (it costs 20-35 s on CPU)
+compile = None  # None: on for CUDA, off elsewhere (hardware.choose_compile)
 ddp_timeout = 600  # DDP: seconds a process waits for the others in a collective (a hung peer) before it stops
 # -----------------------------------------------------------------------------
 defaults = flat_defaults(globals())
@@ -155,8 +155,7 @@ else:
     rank, local_rank, world_size = 0, 0, 1
 master = rank == 0
 accum_per_rank = gradient_accumulation_steps // world_size
-if compile is None:
-    compile = device_type == "cuda"
+compile, compile_reason = choose_compile(device_type, compile)
 if device_type == "cuda":
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -328,7 +327,7 @@ if master:
         open(log_path, "w").close()
     print(f"{raw_model.cfg.attn} model: {raw_model.num_params() / 1e6:.2f}M params, KV cache "
           f"{raw_model.cfg.kv_bytes_per_token(torch.float32)} B/token (fp32), {tokens_per_iter} tokens/iter, "
-          f"device {device}, compile {compile}, {world_size} process(es)")
+          f"device {device}, {compile_reason}, {world_size} process(es)")
     emulated = dtype_reason.startswith("warning")  # an explicit bf16 on a CPU that emulates it
     print(dtype_reason if emulated else f"dtype {dtype_reason}", file=sys.stderr if emulated else sys.stdout)
 

@@ -134,6 +134,15 @@ def decode_probe(model, context=256):
     return step
 
 
+def choose_compile(device_type, compile):
+    """torch.compile for training -> (on, one line saying why). None: on for CUDA (fused kernels, minutes of
+    compile against hours of training), off elsewhere (a CPU pays its compile up front, more than a short run gains;
+    docs/training.md)."""
+    if compile is not None:
+        return compile, f"compile {compile}: asked for"
+    return device_type == "cuda", f"compile {device_type == 'cuda'}: the default on {device_type}"
+
+
 def autocast_for(device_type, dtype):
     """The autocast context of a run in `dtype`: bf16/fp16 autocast, none for float32/float64 (weights in that
     dtype)."""

@@ -19,7 +19,7 @@ TINY = ["--n_layer=2", "--n_embd=32", "--n_head=4", "--head_dim=8", "--vha_kv_he
         "--device=cpu", "--seed=0"]
 # llama.cpp rows: tests/test_gguf.py; compiled: test_compiled_decode.py
 TINY_DECODE = TINY + ["--contexts=48,96", "--decode_steps=3", "--prefill_max=16", "--prefill_repeats=1", "--copy_mib=8",
-                      "--llama_cpp=False", "--compile=off"]
+                      "--llama_cpp=False", "--compile=off", "--dtype=float32"]  # fp32: bytes counted by hand below
 PAPER = ["config/paper_1p7b_gqa8.py", "config/paper_1p7b_gqa2.py", "config/paper_1p7b_gqa_8q2kv.py",
          "config/paper_1p7b_vha.py"]
 
@@ -98,6 +98,15 @@ def test_decode_benchmark_end_to_end(tmp_path):
         assert vha[key] > 0 and math.isfinite(vha[key]), key
     assert (mha["kv_bytes_per_token"] == 2 * 2 * 4 * 8 * 4
             and vha["kv_bytes_per_token"] == mha["kv_bytes_per_token"] // 2)
+    # bytes one step reads, counted by hand (fp32, tied embedding 128 x 32, MLP 3 x 32 = 96, QK-norm of dim 8):
+    # per layer q, k, v rows x 32 inputs + W_o 32 x 32 + gate/up 192 x 32 + down 32 x 96 + norms 32 + 32 + 8 + 8
+    layer = {"mha": (32 + 32 + 32) * 32, "vha_folded": (32 + 16 + 16) * 32}  # folded VHA: 4 query, 2 KV heads
+    for name, qkv in layer.items():
+        weights = 4 * (128 * 32 + 2 * (qkv + 32 * 32 + 192 * 32 + 32 * 96 + 80) + 32)
+        row = rows[(name, "eager", 96)]
+        assert row["mb_per_step"] * 1e6 == pytest.approx(weights + 96 * row["kv_bytes_per_token"], rel=1e-12), name
+        assert row["gb_s"] == pytest.approx(row["mb_per_step"] / row["decode_ms"], rel=1e-9)  # MB / ms = GB / s
+        assert row["bw_frac"] == pytest.approx(row["gb_s"] / out["copy_gb_s"], rel=1e-9)
     assert vha["kv_cache_mb"] * 2 == pytest.approx(mha["kv_cache_mb"]) and vha["prefill_len"] == 16
     assert set(out["targets"]) == {"vha_over_mha", "vha_over_mha_roofline", "vha_bw_frac"}
     assert out["targets"]["vha_over_mha_roofline"] > 1  # fewer KV bytes: a better best case
@@ -131,7 +140,15 @@ def test_costs_reproduce_the_paper_at_1p7b():
     rows = {r["config"]: r for r in out["results"]}
     kv = {name: rows[f"paper_1p7b_{name}.py"]["kv_bytes_per_layer"] for name in ("gqa8", "gqa2", "gqa_8q2kv", "vha")}
     assert kv == {"gqa8": 4096, "gqa2": 1024, "gqa_8q2kv": 1024, "vha": 1024}  # 4 KB vs 1 KB per layer per token, bf16
-    assert 0.065 <= out["flops_reduction"] <= 0.081  # the paper's band for VHA vs GQA-8
+    # training FLOPs/token by hand: 3 x (28 layers x (2 x MACs + causal attention 2 H d T) + 2 x LM head)
+    D, F, d, H, T, V = 2048, 6144, 128, 16, 4096, 151936
+    attention, head = 2 * H * d * T, 2 * D * V
+    gqa8 = D * (16 * d + 2 * 8 * d) + H * d * D + 3 * D * F  # q, k, v; W_o; MLP
+    vha = D * (8 * d + 2 * 2 * d) + H * d * D + 3 * D * F + H * d * d + 2 * H * 4 * d  # + premix, rank-4 postmix
+    flops = {name: 3 * (28 * (2 * macs + attention) + head) for name, macs in (("gqa8", gqa8), ("vha", vha))}
+    assert rows["paper_1p7b_vha.py"]["train_flops_per_token"] == flops["vha"]
+    assert out["flops_reduction"] == pytest.approx(1 - flops["vha"] / flops["gqa8"], rel=1e-12)
+    assert 0.065 <= out["flops_reduction"] <= 0.081  # the paper's band for VHA vs GQA-8 (7.1% here)
     assert 1.6e9 < rows["paper_1p7b_gqa8.py"]["params_b"] * 1e9 < 1.8e9
     assert proc.stdout.count("PASS") == 2
 

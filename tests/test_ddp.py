@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from nanovha.checkpoint import load_checkpoint
 from conftest import ROOT, TINY_MODEL, last_iter
@@ -28,8 +29,11 @@ def torchrun(*args):
 
 
 def curve(out):
-    """(iter, loss, lr, train_loss, val_loss) rows, wall-clock fields dropped."""
-    return [(r["iter"], r.get("loss"), r.get("lr"), r.get("train_loss"), r.get("val_loss")) for r in read_log(out)]
+    """(iter, loss, lr, grad_norm, train_loss, val_loss) rows, wall-clock fields dropped. grad_norm is the norm of the
+    gradient clipping sees: under DDP the average over processes, which must equal one process's whole batch (a sum
+    over ranks, or a missing 1 / accumulation, doubles it)."""
+    return [(r["iter"], r.get("loss"), r.get("lr"), r.get("grad_norm"), r.get("train_loss"), r.get("val_loss"))
+            for r in read_log(out)]
 
 
 @pytest.mark.slow  # three runs with two processes each
@@ -51,6 +55,9 @@ def test_two_processes_match_one_and_resume(char_data, tmp_path):
     for ra, rb in zip(a, b):
         for x, y in zip(ra[1:], rb[1:]):
             assert (x is None) == (y is None) and (x is None or x == pytest.approx(y, rel=1e-5, abs=1e-6)), (ra, rb)
+    assert all(r[3] > 0 for r in a if r[3] is not None) and sum(r[3] is not None for r in a) == 20
+    w1, w2 = (load_checkpoint(os.path.join(d, "ckpt.pt"))["model"] for d in (one, two))
+    assert all(torch.allclose(w1[k], w2[k], rtol=1e-4, atol=1e-6) for k in w1)  # the same weights after 20 steps
 
 
 def worker_pids(launcher):
@@ -109,3 +116,39 @@ def test_a_killed_process_stops_the_job_in_one_line_and_it_resumes_exactly(char_
     for ra, rb in zip(a, b):
         for x, y in zip(ra[1:], rb[1:]):
             assert (x is None) == (y is None) and (x is None or x == pytest.approx(y, rel=1e-5, abs=1e-6)), (ra, rb)
+
+
+@pytest.mark.slow  # about 25 s: the survivor waits out --ddp_timeout, then the roll call
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="finds torchrun's workers in /proc (Linux)")
+def test_a_hung_process_stops_the_job_after_ddp_timeout_in_one_line(char_data, tmp_path):
+    """SIGSTOP keeps rank 1's connections open, so nothing fails but the collective's wait: rank 0 stops after
+    --ddp_timeout (not gloo's default 30 minutes) with one line naming rank 1, and its checkpoint is whole."""
+    part, timeout = str(tmp_path / "part"), 8
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+           f"--out_dir={part}", f"--data_dir={char_data}", "--max_iters=400", "--eval_interval=10",
+           "--gradient_accumulation_steps=2", f"--ddp_timeout={timeout}", *TINY_MODEL]
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    pids = {}
+    try:
+        while len(pids := worker_pids(job)) < 2 or last_iter(part) < 12:  # past the checkpoint of iteration 10
+            assert job.poll() is None and last_iter(part) < 400, "the run ended before it could be stopped"
+            time.sleep(0.001)
+        os.kill(pids[1], signal.SIGSTOP)
+        stopped = time.time()
+        while os.path.exists(f"/proc/{pids[0]}") and time.time() - stopped < 120:  # rank 0 waits, then reports
+            time.sleep(0.05)
+        waited = time.time() - stopped
+    finally:
+        for pid in pids.values():  # the stopped rank cannot act on torchrun's SIGTERM
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out, err = job.communicate(timeout=60)
+    assert timeout <= waited < timeout + 30, (waited, err)
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "RuntimeError" not in err, err
+    m = re.fullmatch(r"error: rank 0: process rank 1 of this job died \(or hangs\) at iteration (\d+); "
+                     r"(.*) \(iteration (\d+)\) is kept: relaunch with --init_from=resume", errors[0])
+    assert m and m[2] == os.path.join(part, "ckpt.pt") and int(m[3]) <= int(m[1]), errors
+    assert load_checkpoint(m[2])["iter_num"] == int(m[3]) >= 10

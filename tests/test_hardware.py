@@ -122,6 +122,7 @@ def test_train_prints_its_choice_and_a_resume_keeps_it(char_data, tmp_path):
     line = next(line for line in proc.stdout.splitlines() if line.startswith("dtype "))
     assert "s/step vs" in line and "timed on this run's model" in line, line
     chosen = line.split()[1].rstrip(":")
+    assert "compile False: the default on cpu" in proc.stdout  # hardware.choose_compile, as train.py prints it
     resumed = run("train.py", *args, "--max_iters=4", "--init_from=resume")
     assert f"dtype {chosen}: the dtype this run trained in (resumed" in resumed.stdout
     # torch's AVX2 kernels: bf16 emulated, as on an AVX2 CPU
@@ -136,3 +137,14 @@ def test_device_auto_prefers_cuda_then_mps_then_cpu(monkeypatch, cuda, mps, pick
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
     assert resolve_device("auto") == picked
+
+
+@pytest.mark.parametrize("device_type, given, on, why", [
+    ("cuda", None, True, "compile True: the default on cuda"),
+    ("cpu", None, False, "compile False: the default on cpu"),
+    ("mps", None, False, "compile False: the default on mps"),
+    ("cpu", True, True, "compile True: asked for"),
+    ("cuda", False, False, "compile False: asked for"),
+])
+def test_compile_is_on_by_default_for_cuda_only(device_type, given, on, why):
+    assert hardware.choose_compile(device_type, given) == (on, why)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import TINY_MODEL, optional, run
+from nanovha.checkpoint import load_checkpoint
 from nanovha.distill import adamw_groups
 from test_model import make
 
@@ -73,6 +74,26 @@ def test_accumulated_micro_batches_give_the_gradient_of_the_whole_batch():
     for xs, ys in zip(x.split(2), y.split(2)):  # k = 4 micro-batches of 2
         (model(xs, ys)[1] / 4).backward()
     assert all(torch.allclose(p.grad, g, rtol=1e-12, atol=1e-15) for p, g in zip(model.parameters(), whole))
+
+
+@pytest.mark.slow  # four short runs
+def test_gradient_clipping_acts_on_the_norm_over_grad_clip_only(char_data, tmp_path):
+    """clip_grad_norm_ at grad_clip, on real runs: the logged grad_norm is the norm before clipping; a threshold
+    just above every step's norm gives the unclipped run bit for bit, one just below the smallest changes it."""
+    def train(name, clip):
+        out = tmp_path / name
+        run("train.py", f"--data_dir={char_data}", f"--out_dir={out}", "--max_iters=6", "--eval_interval=6",
+            "--always_save_checkpoint=True", f"--grad_clip={clip}", *TINY_MODEL)
+        norms = [r["grad_norm"] for r in read_log(out) if "grad_norm" in r]
+        return norms, load_checkpoint(str(out / "ckpt.pt"))["model"]
+
+    _, off = train("off", 0)
+    norms, huge = train("huge", 1e9)  # measures the norms, never clips
+    above_norms, above = train("above", 1.01 * max(norms))
+    below_norms, below = train("below", 0.99 * min(norms))
+    assert len(norms) == 6 and above_norms == norms and below_norms[0] == norms[0]  # step 0: before any clip
+    assert all(torch.equal(off[k], huge[k]) and torch.equal(off[k], above[k]) for k in off)
+    assert not all(torch.equal(off[k], below[k]) for k in off)
 
 
 @pytest.mark.parametrize("attn_args", [  # VHA in the quick suite, the other kinds in the slow one
