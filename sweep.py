@@ -26,8 +26,9 @@ import time
 import numpy as np
 import torch
 
-from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, mcnemar, mde, paired, parse_command,
-                                 pyplot, read_json, ROOT, run_all, same_run, train, write_json)
+from nanovha.experiments import (choose_variants, clopper_pearson, fmt, fmt_paired, holm, load_results, mcnemar, mde,
+                                 paired, parse_command, pyplot, read_json, ROOT, run_all, same_run, t_crit, t_p_value,
+                                 train, write_json)
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from data.recall import tasks
 from model import fold_to_gqa
@@ -46,6 +47,7 @@ DEFAULTS = dict(
     stop_at_acc=0.99,  # a run stops at its first eval with this held-out accuracy; its curve stays there afterwards
     sweep_model_args="",  # extra train.py overrides for every sweep run
     success=0.9,  # a run "succeeds" when its final held-out accuracy reaches this
+    primary="",  # a plan's comparisons, e.g. "vha-gqa2,mha-gqa2": AUC at the first point, Holm-corrected over these
     robust_variants="mha,gqa4,gqa2", robust_seeds=5, robust_point=-1,  # python sweep.py robust: index into points
 )
 SIZES = {
@@ -99,6 +101,11 @@ def parse_args(argv):
     if min(cfg["sweep_seeds"], cfg["robust_seeds"], cfg["jobs"], cfg["n_val"], cfg["sweep_eval_interval"]) < 1:
         sys.exit("error: sweep_seeds, robust_seeds, jobs, n_val and sweep_eval_interval must be >= 1")
     cfg["point_list"] = parse_points(cfg)
+    cfg["primary_list"] = [tuple(item.strip().split("-")) for item in cfg["primary"].split(",") if item.strip()]
+    for pair in cfg["primary_list"]:
+        if len(pair) != 2 or not set(pair) <= set(cfg["variant_list"]):
+            sys.exit(f"error: primary: {'-'.join(pair)!r} is not two of this sweep's variants "
+                     f"({', '.join(cfg['variant_list'])}) as first-second, e.g. vha-gqa2")
     if not -len(cfg["point_list"]) <= cfg["robust_point"] < len(cfg["point_list"]):
         sys.exit(f"error: robust_point={cfg['robust_point']} is not an index into the {len(cfg['point_list'])} points")
     return command, cfg
@@ -252,33 +259,56 @@ def results(cfg, root, variants):
     return rows
 
 
-def paired_line(A, B, key, scale, digits):
+def paired_line(A, B, key, scale, digits, tested=True):
     """Paired a - b of one measure over shared seeds, formatted, with its MDE: the difference these seeds detect with
-    80% power at 5% (experiments.mde, (t_crit + t_80) x SE)."""
+    80% power at 5% (experiments.mde, (t_crit + t_80) x SE). tested=False: the mean alone, no test."""
     stat = paired({s: r[key] for s, r in A.items()}, {s: r[key] for s, r in B.items()})
+    if not tested:
+        return f"{stat[1] * scale:+.{digits}f} (n={stat[0]}, not tested)", "-"
     text = fmt_paired(*stat, scale=scale, digits=digits)
     return (f"**{text}**" if stat[4] else text), (f"{mde(stat[2], stat[0]) * scale:.{digits}f}" if stat[0] > 1 else "-")
 
 
-def paired_section(at, points, th):
+def primary_section(at, point, pairs):
+    """A plan's comparisons of AUC at one point, every shared seed (a run that never learned included): mean, 95%
+    interval (t_crit x SE), two-sided p of the paired t-test, and Holm's verdict over these comparisons."""
+    stats = {pair: paired({s: r["auc"] for s, r in at(point, pair[0]).items()},
+                          {s: r["auc"] for s, r in at(point, pair[1]).items()}) for pair in pairs}
+    p = {pair: t_p_value(t, n - 1) if n > 1 else 1.0 for pair, (n, _, _, t, _) in stats.items()}
+    rejected = holm(p)
+    lines = ["## Primary comparisons (Holm-corrected)", "",
+             f"Δ AUC (points) at {point}, first minus second over every seed both ran; two-sided paired t-test, "
+             f"Holm's step-down correction over these {len(pairs)} at a family-wise 5%.", "",
+             "| comparison | Δ AUC (points) | 95% interval | p | Holm at 5% |", "|---|---|---|---|---|"]
+    for pair, (n, mean, se, t, _) in stats.items():
+        half = t_crit(n - 1) * se if n > 1 else float("nan")
+        lines.append(f"| {pair[0]} - {pair[1]} | {fmt_paired(n, mean, se, t, False, 100, 2)} | "
+                     f"{(mean - half) * 100:+.2f} to {(mean + half) * 100:+.2f} | {p[pair]:.2g} | "
+                     f"{'rejected' if rejected[pair] else 'not rejected'} |")
+    return lines + [""]
+
+
+def paired_section(at, points, th, primary):
     """sweep.md's paired comparisons: at(point, variant) -> {seed: result}; th: the success threshold."""
-    lines = ["## Paired comparisons", "",
-              "Δ = first minus second over the seeds both ran, mean ± SE (|t| in SE, n seeds). **Bold**: the paired "
-              "t-test rejects 'no difference' at 5%. MDE: the difference these seeds would detect with 80% power, "
-              "(t_crit + t_80) x SE (the test itself rejects beyond t_crit x SE). Fewer "
-              "steps and a larger AUC are better. 'Seeds both learned': only the seeds where both variants succeeded "
-              "(how fast, given that they learn; how often they learn is the success column). Success: seeds where "
-              f"only the first / only the second reached {th:.0%}, exact McNemar p.", "",
-              "| comparison | point | Δ steps to 90% | MDE | Δ steps to 90%, seeds both learned | MDE | Δ AUC (points) "
-              "| MDE | Δ final accuracy (points) | success: only first / only second (p) |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["## Paired comparisons" + (" (exploratory)" if primary else ""), "",
+             "Δ = first minus second over the seeds both ran, mean ± SE (|t| in SE, n seeds). **Bold**: the paired "
+             "t-test rejects 'no difference' at 5%, each test on its own (uncorrected for the many in this table"
+             + ("; the primary ones are above" if primary else "") + "). MDE: the difference these seeds would "
+             "detect with 80% power, (t_crit + t_80) x SE (the test itself rejects beyond t_crit x SE). Fewer steps "
+             "and a larger AUC are better. Steps to 90% over all seeds is not tested where a run failed (it would "
+             f"count as the whole budget): AUC carries those. 'Seeds both learned' is conditional on the outcome "
+             "(how fast, given that both learn; how often they learn is the success column). Success: seeds where "
+             f"only the first / only the second reached {th:.0%}, exact McNemar p.", "",
+             "| comparison | point | Δ steps to 90% | MDE | Δ steps to 90%, seeds both learned (conditional) | MDE "
+             "| Δ AUC (points) | MDE | Δ final accuracy (points) | success: only first / only second (p) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for a, b in COMPARISONS:
         for p in points:
             A, B = at(p, a), at(p, b)
             if A and B:
-                steps, steps_mde = paired_line(A, B, "steps_to_90", 1, 0)
-                # learning speed given success
-                both = [x for x in set(A) & set(B) if min(A[x]["acc"], B[x]["acc"]) >= th]
+                shared = set(A) & set(B)
+                both = [x for x in shared if min(A[x]["acc"], B[x]["acc"]) >= th]
+                steps, steps_mde = paired_line(A, B, "steps_to_90", 1, 0, tested=len(both) == len(shared))
                 learned, learned_mde = paired_line({x: A[x] for x in both}, {x: B[x] for x in both},
                                                    "steps_to_90", 1, 0)
                 auc, auc_mde = paired_line(A, B, "auc", 100, 1)
@@ -288,6 +318,13 @@ def paired_section(at, points, th):
                 lines.append(f"| {a} vs {b} | {p} | {steps} | {steps_mde} | {learned} | {learned_mde} | {auc} | "
                              f"{auc_mde} | {acc} | {only_a} / {only_b} (p = {pv:.3g}) |")
     return lines
+
+
+def success_rate(runs, th):
+    """'k/n (lo-hi%)': runs reaching th, with the exact (Clopper-Pearson) 95% interval of the rate."""
+    k, n = sum(r["acc"] >= th for r in runs), len(runs)
+    lo, hi = clopper_pearson(k, n)
+    return f"{k}/{n} ({lo:.0%}-{hi:.0%})"
 
 
 def cmd_report(cfg):
@@ -312,7 +349,7 @@ def cmd_report(cfg):
              f"{cfg['n_val']} held-out rows at full difficulty, every {cfg['sweep_eval_interval']} steps; a run stops "
              f"at its first eval >= {cfg['stop_at_acc']:.0%}. Steps to X%: interpolated between evals; a run that "
              f"never got there counts as {iters} (a lower bound). AUC: mean accuracy over the {iters} steps. Success: "
-             f"final accuracy >= {th:.0%}. Mean ± SE over seeds.", ""]
+             f"final accuracy >= {th:.0%} (exact 95% interval of the rate). Mean ± SE over seeds.", ""]
     for p in points:
         lines += [f"## Point {p}", "", "| variant | KV B/token (bf16) | params | success | steps to 50% | steps to 90% "
                   "| steps to 99% | AUC % | final accuracy % |", "|---|---|---|---|---|---|---|---|---|"]
@@ -320,13 +357,15 @@ def cmd_report(cfg):
             g = list(at(p, v).values())
             if g:
                 lines.append(f"| {v} | {g[0]['kv_bytes_per_token']} | {g[0]['params']:,} | "
-                             f"{sum(r['acc'] >= th for r in g)}/{len(g)} | "
+                             f"{success_rate(g, th)} | "
                              + " | ".join(fmt([r[f"steps_to_{round(lv * 100)}"] for r in g], 1, 0, "se")
                                           for lv in LEVELS)
                              + f" | {fmt([r['auc'] for r in g], 100, 1, 'se')} | "
                                f"{fmt([r['acc'] for r in g], 100, 1, 'se')} |")
         lines.append("")
-    lines += paired_section(at, points, th)
+    if cfg["primary_list"]:
+        lines += primary_section(at, points[0], cfg["primary_list"])
+    lines += paired_section(at, points, th, cfg["primary_list"])
     folds = [r for r in rows if "acc_folded" in r]
     if folds:
         gap = max(abs(r["acc_folded"] - r["acc_unfolded"]) for r in folds)

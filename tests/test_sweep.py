@@ -11,6 +11,7 @@ import pytest
 
 import sweep
 from conftest import run
+from nanovha import experiments
 from nanovha.experiments import read_json
 
 ENV = {"OMP_NUM_THREADS": "1"}  # tiny models: a second thread only fights over a shared CPU
@@ -103,9 +104,55 @@ def test_folders_from_the_old_ablate_sweep_still_report(tmp_path, monkeypatch):
     assert rows["gqa2", 1]["steps_to_90"] == pytest.approx(90) and rows["gqa2", 2]["steps_to_90"] == 100
     assert rows["mha", 2]["steps_to_90"] == 50
     line = next(x for x in (tmp_path / "sweep.md").read_text().splitlines() if x.startswith("| mha vs gqa2 |"))
-    # paired: 50 - 90, 50 - 100; not resolved with 1 df (needs 12.7 SE)
-    assert "| -45 ± 5 (9.0 SE, n=2) | 70 |" in line  # MDE at n=2: (12.706 + 1.376) x 5 SE
+    # steps over all seeds, 50 - 90 and 50 - 100: gqa2 failed on seed 2 (its 100 is the budget), so not tested
+    assert "| -45 (n=2, not tested) | - | -40 (n=1: not judged) | - |" in line  # then seed 1 alone, conditional
     assert "| 1 / 0 (p = 1) |" in line  # success (>= 90% at the end): seed 2 only for mha
+    report = (tmp_path / "sweep.md").read_text()
+    assert "| gqa2 | 64 | 1 | 1/2 (1%-99%) |" in report  # Clopper-Pearson: 1 of 2, 1.3% to 98.7%
+    assert "Primary comparisons" not in report and "(exploratory)" not in report  # no plan given
+
+
+def write_runs(root, aucs, point="n_keys=64,n_values=64", iters=100):
+    """result.json files whose curves give these AUCs: {variant: [auc per seed]}, flat curves at the AUC."""
+    for variant, values in aucs.items():
+        for seed, auc in enumerate(values, start=1000):
+            folder = root / "runs" / point / variant / f"seed{seed}"
+            folder.mkdir(parents=True)
+            res = {"point": point, "variant": variant, "seed": seed, "args": [], "spec": {"task": "mqar"},
+                   "iters": iters, "acc": auc, "exact": 0.0, "curve": [[0, auc], [iters, auc]], "params": 1,
+                   "kv_bytes_per_token": 64, "train_s": 1.0, "wall_s": 1.0}
+            (folder / "result.json").write_text(json.dumps(res))
+
+
+def test_the_primary_comparisons_are_holm_corrected_and_the_rest_marked_exploratory(tmp_path, monkeypatch):
+    """Constructed AUCs over 6 seeds: mha - gqa2 = 0.10 + noise (t = 17.3), vha - gqa2 = 0.015 + 1.2 x the same noise
+    (t = 2.17 at 5 df, p = 0.08): the primary table gives each p from experiments.t_p_value, its 95% interval and
+    Holm's verdict over the two; the paired table below is marked exploratory."""
+    noise = [0.01, -0.01, 0.02, -0.02, 0.0, 0.0]  # mean 0, sd 0.0141
+    gqa2 = [0.5] * 6
+    mha = [0.6 + e for e in noise]
+    vha = [0.5 + 0.015 + 1.2 * e for e in noise]
+    write_runs(tmp_path, {"mha": mha, "gqa2": gqa2, "vha": vha})
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
+    _, cfg = sweep.parse_args(["report", f"--sweep_root={tmp_path}", "--points=n_keys=64,n_values=64",
+                               "--sweep_variants=mha,gqa2,vha", "--primary=vha-gqa2,mha-gqa2"])
+    sweep.cmd_report(cfg)
+    report = (tmp_path / "sweep.md").read_text()
+    rows = {line.split(" | ")[0]: line for line in report.splitlines() if line.startswith("| vha - gqa2") or
+            line.startswith("| mha - gqa2")}
+    se = 0.0141421356 * 1.2 / 6 ** 0.5
+    t = 0.015 / se
+    p = experiments.t_p_value(t, 5)
+    assert 0.05 < p < 0.1 and experiments.holm({"a": p, "b": 1e-6}) == {"a": False, "b": True}
+    assert f"| {p:.2g} | not rejected |" in rows["| vha - gqa2"]
+    assert "| +1.50 ± " in rows["| vha - gqa2"] and "n=6)" in rows["| vha - gqa2"]
+    low, high = 0.015 - 2.571 * se, 0.015 + 2.571 * se  # t_crit(5) x SE
+    assert f"| {low * 100:+.2f} to {high * 100:+.2f} |" in rows["| vha - gqa2"]
+    assert rows["| mha - gqa2"].endswith("| rejected |") and "| +10.00 ± 0.58 (17.3 SE, n=6) |" in rows["| mha - gqa2"]
+    assert "## Paired comparisons (exploratory)" in report and "the primary ones are above" in report
+    assert report.index("## Primary comparisons (Holm-corrected)") < report.index("## Paired comparisons")
+    with pytest.raises(SystemExit, match="not two of this sweep's variants"):
+        sweep.parse_args(["report", "--sweep_variants=mha,gqa2", "--primary=vha-gqa2"])
 
 
 def test_bad_input_is_a_one_line_error():
