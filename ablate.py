@@ -18,8 +18,8 @@ import time
 import numpy as np
 import torch
 
-from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, pyplot,
-                                 read_json, run_all, same_run, t_crit, train, write_json)
+from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, parse_primary,
+                                 primary_lines, pyplot, read_json, run_all, same_run, t_crit, train, write_json)
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 
 # -----------------------------------------------------------------------------
@@ -35,6 +35,7 @@ DEFAULTS = dict(
     model_args="",  # extra train.py overrides for every variant, e.g. "--n_layer=2 --n_embd=32"
     lm_dataset="shakespeare_char", lm_data_dir="",  # lm_data_dir: any folder with train.bin/val.bin/meta.pkl
     dtype="",  # "": keep config/vha_small.py's (auto: bf16 where native, else fp32)
+    primary="",  # a plan's comparisons, e.g. "vha-gqa_same_deploy": val loss, Holm-corrected over these
 )
 SIZES = {  # presets; the same budget for every variant
     "smoke": dict(out_root="out-ablate-smoke", variants="vha", n_seeds=1, lm_iters=4, batch_size=4, block_size=64,
@@ -73,6 +74,7 @@ def parse_args(argv):
     cfg["variant_list"] = choose_variants(cfg["variants"], VARIANTS)
     if min(cfg["n_seeds"], cfg["jobs"]) < 1:
         sys.exit("error: n_seeds and jobs must be >= 1")
+    cfg["primary_list"] = parse_primary(cfg["primary"], cfg["variant_list"])
     return command, cfg
 
 
@@ -197,9 +199,13 @@ def cmd_report(cfg):
                      f"{fmt([r['val_loss'] for r in g])} | {g[0]['params']:,} | {g[0]['flops_per_token'] / 1e6:.2f}M | "
                      f"{g[0]['kv_bytes_per_token']} | {fmt([r['tok_per_s'] for r in g if r['tok_per_s']], 1, 0)} | "
                      f"{fmt([r['wall_s'] for r in g], 1, 0)} |")
-    lines += ["", "## The paper's comparisons, checked on our numbers", "",
+    if cfg["primary_list"]:
+        lines += [""] + primary_lines({pair: (M[pair[0]], M[pair[1]]) for pair in cfg["primary_list"]}, "val loss")
+    planned = bool(cfg["primary_list"])
+    lines += ["", "## The paper's comparisons, checked on our numbers" + " (exploratory)" * planned, "",
               "The paper's metric is a downstream average; ours is val loss, so only the direction is compared. "
-              "Δ = first minus second, per seed (both saw the same batches), then mean ± SE over the seeds.", ""]
+              "Δ = first minus second, per seed (both saw the same batches), then mean ± SE over the seeds"
+              + ("; each test on its own, uncorrected (the primary ones are above)." if planned else "."), ""]
     lines += comparison_lines(M)
     png = plot_lm(groups, cfg)
     if png:

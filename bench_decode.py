@@ -27,7 +27,8 @@ from nanovha import llamacpp
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.compiled_decode import compiled_decode, default_folder
 from nanovha.config import flat_defaults, need, settings, stop_if
-from nanovha.hardware import choose_decode_dtype, copy_bandwidth, cpu_kind, interleaved as interleaved_on
+from nanovha.hardware import choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind
+from nanovha.hardware import interleaved as interleaved_on
 from nanovha.hardware import matmul_peak, memory_problem, print_table, timed as timed_on, verdict
 
 # -----------------------------------------------------------------------------
@@ -468,7 +469,8 @@ def run_decode():
                 model={k: getattr(c, k) for k in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size")},
                 fold_max_logit_diff=fold_diffs, op_floor_ms=op_floor_ms, matmul_gflop_s=flops_peak / 1e9,
                 results=rows, compile_costs=list(costs.values()), breakdown=list(breakdown.values()), targets=targets,
-                llama_cpp=dict(version=llamacpp.version(), ours_over_llama_cpp=ratios) if runners else None)
+                llama_cpp=dict(version=llamacpp.version(), ours_over_llama_cpp=ratios) if runners else None,
+                compile_counters=compile_counters() if compile == "graphs" else None)
 
 
 def plot_decode(rows, ctxs, path, dtype_name):

@@ -26,9 +26,9 @@ import time
 import numpy as np
 import torch
 
-from nanovha.experiments import (choose_variants, clopper_pearson, fmt, fmt_paired, holm, load_results, mcnemar, mde,
-                                 paired, parse_command, pyplot, read_json, ROOT, run_all, same_run, t_crit, t_p_value,
-                                 train, write_json)
+from nanovha.experiments import (choose_variants, clopper_pearson, fmt, fmt_paired, load_results, mcnemar, mde, paired,
+                                 parse_command, parse_primary, primary_lines, pyplot, read_json, ROOT, run_all,
+                                 same_run, train, write_json)
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from data.recall import tasks
 from model import fold_to_gqa
@@ -101,11 +101,7 @@ def parse_args(argv):
     if min(cfg["sweep_seeds"], cfg["robust_seeds"], cfg["jobs"], cfg["n_val"], cfg["sweep_eval_interval"]) < 1:
         sys.exit("error: sweep_seeds, robust_seeds, jobs, n_val and sweep_eval_interval must be >= 1")
     cfg["point_list"] = parse_points(cfg)
-    cfg["primary_list"] = [tuple(item.strip().split("-")) for item in cfg["primary"].split(",") if item.strip()]
-    for pair in cfg["primary_list"]:
-        if len(pair) != 2 or not set(pair) <= set(cfg["variant_list"]):
-            sys.exit(f"error: primary: {'-'.join(pair)!r} is not two of this sweep's variants "
-                     f"({', '.join(cfg['variant_list'])}) as first-second, e.g. vha-gqa2")
+    cfg["primary_list"] = parse_primary(cfg["primary"], cfg["variant_list"])
     if not -len(cfg["point_list"]) <= cfg["robust_point"] < len(cfg["point_list"]):
         sys.exit(f"error: robust_point={cfg['robust_point']} is not an index into the {len(cfg['point_list'])} points")
     return command, cfg
@@ -270,22 +266,9 @@ def paired_line(A, B, key, scale, digits, tested=True):
 
 
 def primary_section(at, point, pairs):
-    """A plan's comparisons of AUC at one point, every shared seed (a run that never learned included): mean, 95%
-    interval (t_crit x SE), two-sided p of the paired t-test, and Holm's verdict over these comparisons."""
-    stats = {pair: paired({s: r["auc"] for s, r in at(point, pair[0]).items()},
-                          {s: r["auc"] for s, r in at(point, pair[1]).items()}) for pair in pairs}
-    p = {pair: t_p_value(t, n - 1) if n > 1 else 1.0 for pair, (n, _, _, t, _) in stats.items()}
-    rejected = holm(p)
-    lines = ["## Primary comparisons (Holm-corrected)", "",
-             f"Δ AUC (points) at {point}, first minus second over every seed both ran; two-sided paired t-test, "
-             f"Holm's step-down correction over these {len(pairs)} at a family-wise 5%.", "",
-             "| comparison | Δ AUC (points) | 95% interval | p | Holm at 5% |", "|---|---|---|---|---|"]
-    for pair, (n, mean, se, t, _) in stats.items():
-        half = t_crit(n - 1) * se if n > 1 else float("nan")
-        lines.append(f"| {pair[0]} - {pair[1]} | {fmt_paired(n, mean, se, t, False, 100, 2)} | "
-                     f"{(mean - half) * 100:+.2f} to {(mean + half) * 100:+.2f} | {p[pair]:.2g} | "
-                     f"{'rejected' if rejected[pair] else 'not rejected'} |")
-    return lines + [""]
+    """A plan's comparisons of AUC at one point, every shared seed (a run that never learned included)."""
+    values = {pair: tuple({s: r["auc"] for s, r in at(point, v).items()} for v in pair) for pair in pairs}
+    return primary_lines(values, f"AUC (points) at {point}", 100, 2)
 
 
 def paired_section(at, points, th, primary):

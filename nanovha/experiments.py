@@ -229,6 +229,34 @@ def mcnemar(a, b):
     return only_a, only_b, p
 
 
+def parse_primary(text, variants):
+    """A plan's comparisons, "a-b,c-d" -> [(a, b), (c, d)], each two of `variants`; SystemExit (one line) if not."""
+    pairs = [tuple(item.strip().split("-")) for item in text.split(",") if item.strip()]
+    for pair in pairs:
+        if len(pair) != 2 or not set(pair) <= set(variants):
+            sys.exit(f"error: primary: {'-'.join(pair)!r} is not two of this run's variants ({', '.join(variants)}) "
+                     "as first-second, e.g. vha-gqa2")
+    return pairs
+
+
+def primary_lines(values, what, scale=1.0, digits=4):
+    """A plan's comparisons, {(a, b): ({seed: a's value}, {seed: b's value})} -> report lines: the paired difference
+    over shared seeds, its 95% interval (t_crit x SE), the two-sided p (t_p_value) and Holm's verdict over them."""
+    stats = {pair: paired(*ab) for pair, ab in values.items()}
+    p = {pair: t_p_value(t, n - 1) if n > 1 else 1.0 for pair, (n, _, _, t, _) in stats.items()}
+    rejected = holm(p)
+    lines = ["## Primary comparisons (Holm-corrected)", "",
+             f"Δ {what}, first minus second over every seed both ran; two-sided paired t-test, Holm's step-down "
+             f"correction over these {len(values)} at a family-wise 5%.", "",
+             f"| comparison | Δ {what} | 95% interval | p | Holm at 5% |", "|---|---|---|---|---|"]
+    for pair, (n, mean, se, t, _) in stats.items():
+        half = t_crit(n - 1) * se if n > 1 else math.nan
+        lines.append(f"| {pair[0]} - {pair[1]} | {fmt_paired(n, mean, se, t, False, scale, digits)} | "
+                     f"{(mean - half) * scale:+.{digits}f} to {(mean + half) * scale:+.{digits}f} | {p[pair]:.2g} | "
+                     f"{'rejected' if rejected[pair] else 'not rejected'} |")
+    return lines + [""]
+
+
 def fmt(values, scale=1.0, digits=4, spread="std"):
     """'mean ± std' (or ± SE) over seeds, 'mean' for one seed, '-' for none."""
     if not values:

@@ -181,10 +181,12 @@ def gpu_spec(name):
 # ---- timing, for the benchmarks: medians of interleaved calls, the device synchronised around each ----
 def compile_counters():
     """What torch.compile did so far in this process: graphs compiled (training and eval: 2; more at every eval means
-    recompiles) and graph breaks."""
+    recompiles), graph breaks, and the compiled graphs CUDA graphs skipped (reduce-overhead falls back to plain
+    kernel launches for those)."""
     from torch._dynamo.utils import counters
     return {"compiled_graphs": counters["stats"]["unique_graphs"],
-            "graph_breaks": sum(counters["graph_break"].values())}
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}
 
 
 def synchronize(device_type):

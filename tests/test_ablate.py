@@ -108,7 +108,15 @@ def test_lm_report_verdicts_are_paired(tmp_path, monkeypatch):
     assert cells[1] == "+1.41" and cells[2].startswith("-0.0100 ± 0.0006") and cells[2].endswith("n=3)")
     assert cells[3] == "agrees, resolved"
     assert row("vha vs gqa_4x_cache")[3].endswith("not resolved")
-    assert "1 agree with the paper and are resolved" in report
+    assert "1 agree with the paper and are resolved" in report and "Primary comparisons" not in report
+    _, cfg = ablate.parse_args(["report", f"--out_root={tmp_path}", "--variants=vha,gqa_same_deploy,gqa_4x_cache",
+                                "--primary=vha-gqa_same_deploy,vha-gqa_4x_cache"])
+    ablate.cmd_report(cfg)
+    report = (tmp_path / "report.md").read_text()
+    cells = row("vha - gqa_same_deploy")  # t = 17.3 at 2 df: p = 0.0033 <= 0.05 / 2
+    assert cells[1].startswith("-0.0100 ± 0.0006") and cells[4] == "rejected"
+    assert cells[2] == "-0.0125 to -0.0075"  # -0.0100 -+ 4.303 x 0.000577
+    assert row("vha - gqa_4x_cache")[4] == "not rejected" and "checked on our numbers (exploratory)" in report
 
 
 def test_gpu_preset_runs_the_fineweb_twins():

@@ -151,7 +151,7 @@ def test_the_primary_comparisons_are_holm_corrected_and_the_rest_marked_explorat
     assert rows["| mha - gqa2"].endswith("| rejected |") and "| +10.00 ± 0.58 (17.3 SE, n=6) |" in rows["| mha - gqa2"]
     assert "## Paired comparisons (exploratory)" in report and "the primary ones are above" in report
     assert report.index("## Primary comparisons (Holm-corrected)") < report.index("## Paired comparisons")
-    with pytest.raises(SystemExit, match="not two of this sweep's variants"):
+    with pytest.raises(SystemExit, match="not two of this run's variants"):
         sweep.parse_args(["report", "--sweep_variants=mha,gqa2", "--primary=vha-gqa2"])
 
 
