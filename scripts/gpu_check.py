@@ -1,77 +1,77 @@
 """
-The one prepared GPU check, on one H100/H200, in four sections; each can run as its own command:
+The one prepared GPU check, for the GPU machine as it is lent: its own python3 and torch (2.11 or later), no
+package index, no hub, minutes of time. One command, six sections, at most total_s (8 minutes) in all:
 
-    python scripts/gpu_check.py --sections=correctness,kernels   # ~1 min (estimate)
-    python scripts/gpu_check.py --sections=smoke                 # ~2.5-4 min (estimate)
-    python scripts/gpu_check.py --sections=decode                # ~1.5-3 min (estimate)
-    python scripts/gpu_check.py                                  # all four in one command: ~5-8 min (estimate)
-    python scripts/gpu_check.py --sections=smoke --data_dir=data/fineweb_edu   # smoke on real text, not random tokens
-    python scripts/gpu_check.py --dry_run=True                   # every section at toy size on the CPU (tests run it)
+    python3 scripts/gpu_check.py --report_dir=$OUT               # every section
+    python3 scripts/gpu_check.py --sections=decode --report_dir=$OUT
+    python scripts/gpu_check.py --dry_run=True                   # toy sizes on the CPU: every path that runs there
 
-1. correctness, float32 and bfloat16: cached decode == the uncached forward, folded VHA == unfolded
-2. kernels: the SDPA backend (from the profiler) of the GQA and VHA training steps in float32 and bf16 autocast, and of
-   every decode variant's prefill, eager decode step and CUDA-graph decode step in the bench's dtype. FAIL if a
-   training or prefill step takes the math path; a step forced onto the math path checks that the detector sees it
-3. smoke: config/fineweb/vha.py + config/fineweb/smoke.py (compile + bf16) for smoke_iters: tokens/s, MFU, loss; no
-   checkpoint
-4. decode: bench_decode.py in bf16 at 8K-128K: eager for every variant, CUDA graphs for folded VHA at the largest
-   context.
-   Batch 1 of this 6 x 512 model is launch-bound: in bf16 a step reads 36 MB of weights + 50 MB of K/V at 32K (26 us at
-   70% of 4.8 TB/s; 201 MB of K/V at 128K), while its ~60-150 kernels take a few hundred us even in a CUDA graph (an
-   estimate; the report prints the measured floor). So the 70%-of-HBM target is judged on the KV part:
-   K/V bytes / (step at the context - step at context 1), at the largest context (the scores the grouped matmuls write
-   and read are in that time, not in the bytes); the context-1 step (the floor: launches + weights) and the op-floor
-   model (the same launches at head dim 2) are printed beside it. At 32K the KV part is ~10-15 us: too small to judge
+Prepared on a CPU machine and carried along: the smoke section trains on data/shakespeare (GPT-2 BPE bins, a few
+MB; `python data/shakespeare/prepare.py`). docs/gpu.md has the whole recipe. Each section runs as its own process
+with a time limit (SECTION_S, never past total_s); each subprocess it starts has the time the section has left.
+When a section ends, or is cut, report.md and report.json in report_dir are written again and its log stays in
+report_dir/logs, so a timeout keeps whatever was measured. Every figure is set beside a limit measured in the same
+run; nothing is estimated.
 
-Time per section: ESTIMATES from arithmetic and typical compile times, not measurements (the report's wall times are):
-  correctness  CUDA start ~10 s, two 2-layer models over 64 tokens: ~15 s
-  kernels      4 profiled training steps (1 layer, 2 x 1024 tokens) + 4 variants x (1-layer prefill of 32K tokens + 2
-               decode steps), eager: ~20-40 s
-  smoke        smoke_iters=200 x 131,072 tokens x 0.794 GFLOP/token = 2.08e16 FLOP: 53 s at 40% MFU of 989 TFLOP/s,
-               105 s at 20%; + cold compile of the training and eval graphs ~60-120 s; + 3 evals (20 x 32K tokens) and
-               start-up ~20 s: ~2.2-4 min. No checkpoints (--write_checkpoint=False: three 1.4 GB fsync'd writes saved)
-  decode       eager pass: no compiles; 4 variants x (2 prefill lengths x 4 prefills <= 32K + 3 contexts x 33 steps of
-               ~1-2 ms) + 1 GiB copy, fold, start-up: ~30-45 s. CUDA-graph pass: 3 compile-and-record cycles (folded
-               VHA at 128K, again at context 1, the op-floor model) x ~20-40 s: ~1-2 min. Total ~1.5-3 min
-  all four     ~4.5-8 min; with the upper estimates it brushes 8 min: run smoke and decode as separate commands
+1. limits: copy bandwidth (a 1 GiB copy, read + write) and a large bf16 matmul (8192^3), beside the spec sheet
+2. correctness: bf16 logits against a float64 reference on every path the benchmarks time: the uncached forward,
+   folded and unfolded, eager decode (grouped and SDPA) and the compiled one-token step; the fold in float64
+3. kernels: the SDPA backend (the profiler's op names) of training steps, prefills and decode steps; FAIL on the
+   math path, and a step forced onto it must read as math
+4. train: bench.py on config/fineweb/vha.py's shape (120M) and its same-deploy GQA twin, compile + bf16 autocast +
+   fused AdamW as in train.py, interleaved: tokens/s, MFU of the spec and of the measured matmul
+5. decode: bench_decode.py, MHA, GQA-2 and folded VHA in bf16 under CUDA graphs at 32K and 128K (context 1 is the
+   breakdown's floor), eager rows beside them labelled launch-bound; the attention alone; the KV part as a
+   fraction of the measured copy bandwidth at 128K; compile counters (graphs, CUDA-graph skips)
+6. smoke: train.py, config/fineweb/vha.py + config/fineweb/smoke.py on the carried bins: the loss must fall
 
-Paste the report into the README and the closing note, naming the device. Nothing here is a test dependency.
+Nothing in the tests depends on a GPU; tests/test_gpu_check.py runs the dry run and feeds made-up GPU results to the
+report code.
 """
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from nanovha.config import ConfigError, configure  # noqa: E402
-from data.common import write_split  # noqa: E402
-from nanovha.hardware import gpu_spec, sdpa_backends  # noqa: E402
+from nanovha.hardware import copy_bandwidth, gpu_spec, matmul_peak, sdpa_backends  # noqa: E402
 from model import GPT, GPTConfig, fold_to_gqa  # noqa: E402
 
 # -----------------------------------------------------------------------------
 dry_run = False  # CPU, toy sizes: checks that every step of this script runs
-sections = "correctness,kernels,smoke,decode"  # any of them, comma-separated, run in this order
-data_dir = ""  # smoke data; "": random GPT-2 tokens (speed ignores the text; the loss then stays near ln 50257)
-smoke_iters = 200  # config/fineweb/smoke.py has 300: the MFU is a median over steady steps either way
-contexts = "8192,32768,131072"  # decode contexts; CUDA graphs only at the largest (each compile takes a while)
-decode_variants = "mha,gqa8,gqa2,vha_folded"  # mha, mqa, gqaN, vha_folded
-decode_batch = 1  # bench_decode.py --batch_size: 1 as in latency-bound serving; larger batches read more KV per launch
+sections = "limits,correctness,kernels,train,decode,smoke"  # any of them, comma-separated, run in this order
+report_dir = "out-gpu-check"  # report.md, report.json, logs/ (on the lent machine: $OUT)
+data_dir = "data/shakespeare"  # the smoke section's token bins (GPT-2 BPE), prepared on a CPU machine
+total_s = 480  # the whole check; a section that cannot get 20 s more is skipped, and says so
+smoke_iters = 150
+decode_variants = "mha,gqa2,vha_folded"  # mha, mqa, gqaN, vha_folded
+contexts = "32768,131072"  # CUDA-graph decode contexts (the breakdown adds context 1)
+only = ""  # internal: run this one section in this process
+deadline = 0.0  # internal: the section's end, seconds since the epoch
 # -----------------------------------------------------------------------------
-KNOBS = ("dry_run", "sections", "data_dir", "smoke_iters", "contexts", "decode_variants", "decode_batch")
-SECTIONS = ("correctness", "kernels", "smoke", "decode")
-report = []
+KNOBS = ("dry_run", "sections", "report_dir", "data_dir", "total_s", "smoke_iters", "decode_variants", "contexts",
+         "only", "deadline")
+SECTIONS = ("limits", "correctness", "kernels", "train", "decode", "smoke")
+SECTION_S = dict(limits=60, correctness=150, kernels=120, train=300, decode=300, smoke=240)
+TITLES = dict(limits="1. limits: copy bandwidth and a large matmul, measured here",
+              correctness="2. correctness: bf16 on every timed path vs a float64 reference",
+              kernels="3. SDPA kernels (profiler): training, prefill and decode steps",
+              train="4. train: 120M VHA vs its same-deploy GQA twin (bench.py: compile, bf16, fused AdamW)",
+              decode="5. decode: MHA, GQA-2, folded VHA under CUDA graphs (bench_decode.py), eager beside",
+              smoke="6. smoke: train.py on the carried Shakespeare bins, compile + bf16")
+lines = []  # what this section says: printed as it goes (the log keeps it) and written to its JSON at the end
 
 
 def parse_sections(text):
-    """"smoke,decode" -> ["smoke", "decode"], in the check's order; ValueError (one line) on an unknown name."""
+    """"smoke,decode" -> ["decode", "smoke"], in the check's order; ValueError (one line) on an unknown name."""
     names = [s for s in text.split(",") if s]
     unknown = [s for s in names if s not in SECTIONS]
     if unknown or not names:
@@ -79,53 +79,140 @@ def parse_sections(text):
     return [s for s in SECTIONS if s in names]
 
 
-def section(title):
-    print(f"\n=== {title}", flush=True)
-    report.append(f"-- {title}")
+def problems():
+    """Settings that cannot work, as one line, before any section runs; None if all is well."""
+    bad = [v for v in decode_variants.split(",")
+           if v not in ("mha", "mqa", "vha_folded") and not (v[:3] == "gqa" and v[3:].isdigit())]
+    if bad or not decode_variants:
+        return f"decode_variants: gpu_check knows mha, mqa, gqaN and vha_folded, got {decode_variants!r}"
+    if os.path.exists(os.path.join(report_dir, "report.md")):
+        return f"report_dir {report_dir} already holds a report: give a new --report_dir (or remove that one)"
+    if "smoke" in parse_sections(sections) and not all(
+            os.path.isfile(os.path.join(data_dir, f)) for f in ("train.bin", "val.bin", "meta.pkl")):
+        return (f"the smoke section trains on {data_dir}/ (train.bin, val.bin, meta.pkl), which is not there: "
+                "prepare it on a CPU machine (python data/shakespeare/prepare.py) and carry it along, or give "
+                "--data_dir, or leave smoke out of --sections")
+    return None
 
 
 def say(line):
     print(line, flush=True)
-    report.append("   " + line)
+    lines.append(line)
 
 
-# ---- the SDPA backend of a step, from the profiler's op names ----
+def left():
+    return deadline - time.time()
+
+
+# ---- processes: a time limit each, the whole process group cut at it, the output in a log ----
+def run_logged(cmd, log_path, timeout, own_group=False):
+    """Runs cmd with stdout and stderr into log_path -> (exit code, or None when cut at timeout seconds; wall s;
+    the log's text). own_group: cmd and everything it starts form one process group, killed together at the
+    limit (the sections); otherwise cmd alone is killed (its children share this process's group)."""
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group)
+        try:
+            rc = proc.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL) if own_group else proc.kill()
+            proc.wait()
+            rc = None
+    with open(log_path) as f:
+        return rc, time.time() - t0, f.read()
+
+
+def run_script(script, args, tag):
+    """One of the repo's scripts in this section's time -> its last JSON line (or None, the failure said)."""
+    log = os.path.join(report_dir, "logs", f"{tag}.log")
+    rc, wall, text = run_logged([sys.executable, os.path.join(ROOT, script), *args], log, left() - 5)
+    if rc != 0:
+        tail = [x for x in text.strip().splitlines() if x][-1:] or [""]
+        say(f"FAIL: {script} " + (f"cut at the section's time limit after {wall:.0f} s" if rc is None
+                                  else f"exited {rc}: {tail[0]}") + f" (log: logs/{tag}.log)")
+        return None
+    say(f"{script}: {wall:.0f} s wall (log: logs/{tag}.log)")
+    return json.loads([x for x in text.strip().splitlines() if x.startswith("{")][-1])
+
+
+def measured_limits():
+    """The limits section's figures from this run ({} when it did not run)."""
+    path = os.path.join(report_dir, "sections", "limits.json")
+    return json.load(open(path))["figures"] if os.path.exists(path) else {}
+
+
+# ---- 1. limits ----
+def check_limits():
+    mib, n = (16, 256) if dry_run else (1024, 8192)
+    dtype = torch.float32 if dry_run else torch.bfloat16
+    bw, flops = copy_bandwidth(device, mib), matmul_peak(device, dtype, n)
+    say(f"copy bandwidth {bw / 1e9:,.0f} GB/s (a {mib} MiB copy, read + write)"
+        + (f" = {bw / hbm:.0%} of the {hbm / 1e12:.2f} TB/s spec" if hbm else ""))
+    say(f"matmul {n}^3 {str(dtype)[6:]} {flops / 1e9:,.0f} GFLOP/s"
+        + (f" = {flops / peak:.0%} of the {peak / 1e12:.0f} TFLOP/s dense bf16 spec" if peak else ""))
+    return dict(copy_gb_s=bw / 1e9, matmul_tflop_s=flops / 1e12)
+
+
+# ---- 2. correctness ----
+def max_rel(a, ref):
+    return ((a.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def check_correctness():
+    tol = 5e-2  # bf16: a few rounding steps of ~0.4% each through the layers
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=128, block_size=256, n_layer=2, n_embd=64 if dry_run else 512, n_head=16,
+                    head_dim=16 if dry_run else 32, n_kv_head=2, attn="vha", vha_postmix_rank=2)
+    vha = GPT(cfg).double()
+    with torch.no_grad():  # premix and postmix off the identity, so the fold has something to fold
+        for block in vha.blocks:
+            block.attn.premix.add_(0.1 * torch.randn_like(block.attn.premix))
+            block.attn.postmix_V.normal_(0, 0.3)
+    folded = fold_to_gqa(vha)
+    idx = torch.randint(cfg.vocab_size, (1, 64), generator=torch.Generator().manual_seed(0)).to(device)
+    vha, folded = vha.to(device).eval(), folded.to(device).eval()
+    with torch.inference_mode():
+        ref = vha(idx)[0]  # (1, 64, vocab) float64, unfolded, uncached: the reference
+        d64 = max_rel(folded(idx)[0], ref)
+    say(f"float64: folded vs unfolded {d64:.1e}  {'PASS' if d64 < 1e-10 else 'FAIL'} (an exact fold: < 1e-10)")
+    a16, f16 = vha.to(torch.bfloat16), folded.to(torch.bfloat16)
+
+    def decoded(model, impl, compiled=False):
+        """Logits of positions 31..62: a prefill of 32 tokens, then one token at a time."""
+        model.cfg.decode_impl = impl
+        model.setup_cache(1, 64)
+        out = [model.prefill(idx[:, :32])]
+        if compiled:  # the benchmark's graph step: a tensor position over the static cache
+            step = torch.compile(model.decode_one_token, fullgraph=True,
+                                 mode=None if dry_run else "reduce-overhead")
+            pos = torch.tensor([32], device=device)
+            for t in range(32, 63):
+                out.append(step(idx[:, t:t + 1], pos).clone())
+                pos.add_(1)
+        else:
+            out += [model.decode_one_token(idx[:, t:t + 1], t) for t in range(32, 63)]
+        return torch.stack(out, 1)  # (1, 32, vocab)
+
+    with torch.inference_mode():
+        paths = {"forward, unfolded": max_rel(a16(idx)[0], ref), "forward, folded": max_rel(f16(idx)[0], ref),
+                 "eager decode, grouped": max_rel(decoded(f16, "grouped"), ref[:, 31:63]),
+                 "eager decode, sdpa": max_rel(decoded(f16, "sdpa"), ref[:, 31:63]),
+                 "compiled step" + (" (dry run: no CUDA graphs)" if dry_run else ", CUDA graphs"):
+                     max_rel(decoded(f16, "grouped", compiled=True), ref[:, 31:63])}
+    for name, d in paths.items():
+        say(f"bf16 {name:40s} {d:.1e} of the largest logit  {'PASS' if d <= tol else 'FAIL'} (tolerance {tol:.0e})")
+    return dict(float64_fold=d64, **{f"bf16 {k}": v for k, v in paths.items()})
+
+
+# ---- 3. SDPA kernels ----
 def describe(backends, ops):
     if not backends:
         return "no SDPA (grouped matmuls)"
     return ("MATH PATH: " if "math" in backends else "") + "/".join(backends) + f"  ({', '.join(ops)})"
 
 
-# ---- 1. correctness ----
-def check_correctness():
-    section("1. correctness: cached decode vs forward, folded vs unfolded (max |logit diff| / max |logit|)")
-    tol = {torch.float32: 1e-4, torch.bfloat16: 5e-2}  # bf16: a few rounding steps of ~0.4% each through the layers
-    torch.manual_seed(0)
-    cfg = GPTConfig(vocab_size=512, block_size=256, n_layer=2, n_embd=128 if dry_run else 256, n_head=8, n_kv_head=2,
-                    attn="vha", vha_postmix_rank=2)
-    vha = GPT(cfg)
-    with torch.no_grad():  # move premix and postmix off the identity, so the fold has something to fold
-        for block in vha.blocks:
-            block.attn.premix.add_(0.1 * torch.randn_like(block.attn.premix))
-            block.attn.postmix_V.normal_(0, 0.3)
-    folded = fold_to_gqa(vha.double())
-    idx = torch.randint(cfg.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0)).to(device)
-    for dtype in (torch.float32, torch.bfloat16):
-        a, b = vha.to(device, dtype).eval(), folded.to(device, dtype).eval()
-        with torch.no_grad():
-            full = a(idx)[0]  # (B, T, vocab)
-            a.setup_cache(idx.size(0), idx.size(1))
-            steps = [a.prefill(idx[:, :32])] + [a.decode_one_token(idx[:, t:t + 1], t) for t in range(32, 63)]
-            cached = torch.stack(steps, 1)  # (B, 32, vocab): the logits for positions 31..62
-            scale = full.abs().max().item()
-            d_cache = (cached - full[:, 31:63]).abs().max().item() / scale
-            d_fold = (b(idx)[0] - full).abs().max().item() / scale
-        ok = d_cache <= tol[dtype] and d_fold <= tol[dtype]
-        say(f"{str(dtype)[6:]:8s} cached {d_cache:.1e}, folded {d_fold:.1e} (tolerance {tol[dtype]:.0e})  "
-            f"{'PASS' if ok else 'FAIL'}")
-
-
-# ---- 2. SDPA kernels ----
 def decode_model(variant, **shape):
     """A decode variant as bench_decode.py builds it: gqaN / mha / mqa directly, vha_folded through fold_to_gqa."""
     if variant == "vha_folded":
@@ -135,8 +222,6 @@ def decode_model(variant, **shape):
 
 
 def check_kernels():
-    section(f"2. SDPA kernels (profiler): training steps, and each decode variant's prefill and decode steps in "
-            f"{bench_dtype}")
     failed = []
     train_shape = dict(vocab_size=512, block_size=1024, n_layer=1, n_embd=256 if dry_run else 768, n_head=16,
                        head_dim=64)
@@ -154,14 +239,13 @@ def check_kernels():
             say(f"{label:32s} {describe(backends, ops)}")
             if "math" in backends or not backends:
                 failed.append(label)
-    # decode variants at the bench's width (one layer: every layer takes the same kernel), its dtype and decode_impl
     shape = dict(vocab_size=128, block_size=1024, n_layer=1, n_embd=64 if dry_run else 512, n_head=16,
                  head_dim=16 if dry_run else 32, decode_impl=decode_impl)
-    length = 64 if dry_run else 32768  # the bench's prefill_max on CUDA
+    length = 64 if dry_run else 32768  # bench_decode's prefill_max on CUDA
     prompt = torch.randint(128, (1, length), device=device)
     for variant in decode_variants.split(","):
         torch.manual_seed(0)
-        model = decode_model(variant, **shape).to(device, getattr(torch, bench_dtype)).eval()
+        model = decode_model(variant, **shape).to(device, bench_dtype).eval()
         model.setup_cache(1, length + 2)
         token = prompt[:, :1]
         for label, step in ((f"prefill {length}", lambda: model.prefill(prompt)),
@@ -169,15 +253,14 @@ def check_kernels():
                             ("static step (graph path)",
                              lambda: model.decode_one_token(token, torch.tensor([length + 1], device=device)))):
             try:
-                backends, ops = sdpa_backends(step)
+                with torch.inference_mode():
+                    backends, ops = sdpa_backends(step)
                 line = describe(backends, ops)
             except torch.OutOfMemoryError:  # a math fallback at 32K builds 16 x 32K^2 scores
                 backends, line = ["math"], "out of memory (a math fallback?)"
             say(f"{variant:10s} {label:24s} {line}")
             if label.startswith("prefill") and ("math" in backends or not backends):
                 failed.append(f"{variant} {label}")
-        model.blocks[0].attn.kv_cache = None
-    # the detector itself: a step forced onto the math path must read as math
     model = GPT(GPTConfig(**train_shape, n_kv_head=2)).to(device).train()
     with sdpa_kernel([SDPBackend.MATH]):
         backends, ops = sdpa_backends(lambda: train_step(model, torch.float32))
@@ -185,125 +268,185 @@ def check_kernels():
         f"{'PASS' if backends == ['math'] else 'FAIL'} (the detector sees the math path)")
     say("FAIL: the math path (or no SDPA) in " + ", ".join(failed) if failed else
         "no training or prefill step takes the math path  PASS")
+    return dict(failed=failed)
 
 
-# ---- 3. smoke training ----
+# ---- 4. training throughput ----
+def train_lines(result, matmul_tflop_s):
+    """bench.py's JSON -> one line per model: tokens/s, MFU of the spec and of the matmul measured in this run."""
+    out = []
+    for r in result["results"]:
+        spec = f"MFU {r['mfu']:.1%} of the spec" if r.get("mfu") else "MFU n/a (no spec for this device)"
+        measured = r["flops_per_token"] * r["tok_s"] / 1e12 / matmul_tflop_s if matmul_tflop_s else None
+        out.append(f"{r['variant']:6s} {r['heads']:12s} {r['params_m']:6.1f}M params {r['tok_s']:10,.0f} tok/s  {spec}"
+                   + (f", {measured:.1%} of the measured matmul" if measured else ""))
+    named = {r["variant"]: r for r in result["results"]}
+    if "vha" in named and len(named) == 2:
+        twin = next(v for v in named if v != "vha")
+        out.append(f"VHA / {twin} tokens/s: {named['vha']['tok_s'] / named[twin]['tok_s']:.3f}x (interleaved steps)")
+    return out
+
+
+def check_train():
+    shape = (["--n_layer=1", "--n_embd=64", "--head_dim=16", "--vocab_size=128", "--batch_size=2", "--block_size=64",
+              "--train_steps=2", "--warmup=1", "--compile=False", "--dtype=float32", "--device=cpu"] if dry_run else
+             ["--n_layer=12", "--n_embd=768", "--head_dim=64", "--vocab_size=50304", "--batch_size=16",
+              "--block_size=1024", "--train_steps=10", "--warmup=3", "--compile=True", "--dtype=bfloat16",
+              "--device=cuda"])
+    result = run_script("bench.py", [*shape, "--n_head=16", "--vha_kv_head=2", "--train_variants=vha,gqa2"], "train")
+    if result:
+        for line in train_lines(result, measured_limits().get("matmul_tflop_s")):
+            say(line)
+    return result and dict(results=result["results"])
+
+
+# ---- 5. decode ----
+def decode_lines(result, copy_gb_s):
+    """bench_decode.py's JSON -> the report lines: the compiled rows with GB/s as a fraction of the copy bandwidth
+    measured in this run, the eager rows labelled launch-bound, and at the largest context the breakdown (the
+    context-1 floor, the KV part) and the attention alone."""
+    out = []
+    for r in result["results"]:
+        ctx = f"{r['ctx'] // 1024}K" if r["ctx"] % 1024 == 0 else str(r["ctx"])
+        if r["runtime"] == "eager":
+            bandwidth = "launch-bound (eager: per-op launches, not bytes, set its speed)"
+        else:
+            bandwidth = f"{r['gb_s']:7.1f} GB/s of weights + KV = {r['gb_s'] / copy_gb_s:.0%} of the measured copy"
+        out.append(f"{r['variant']:10s} {r['runtime']:7s} {ctx:>5s} {r['decode_tok_s']:9.1f} tok/s  {bandwidth}")
+    top = max(r["ctx"] for r in result["results"])
+    out.append(f"at context {top}: op floor (the same launches at head dim 2) {result['op_floor_ms']:.3f} ms/token")
+    for b in result["breakdown"]:
+        kv = (f"{b['kv_gb_s']:.0f} GB/s = {b['kv_gb_s'] / copy_gb_s:.0%} of the measured copy" if b["kv_gb_s"]
+              else "n/a (no slower than context 1)")
+        out.append(f"{b['variant']:10s} step {b['ms_top']:.3f} ms = context-1 step {b['ms_ctx1']:.3f} ms + KV part "
+                   f"{b['kv_ms']:.3f} ms: {kv}")
+        if b.get("attn_ms"):
+            out.append(f"{'':10s} the attention alone {b['attn_ms']:.3f} ms: {b['attn_gb_s']:.0f} GB/s of K/V = "
+                       f"{b['attn_gb_s'] / copy_gb_s:.0%} of the measured copy")
+    if result.get("compile_counters"):
+        c = result["compile_counters"]
+        out.append(f"compile counters: {c['compiled_graphs']} graphs, {c['graph_breaks']} graph breaks, "
+                   f"{c['cudagraph_skips']} CUDA-graph skips")
+    return out
+
+
+def check_decode():
+    if dry_run:
+        args = ["--contexts=128,256", "--n_layer=1", "--n_embd=64", "--head_dim=16", "--decode_steps=3",
+                "--warmup=1", "--copy_mib=16", "--compile=off", "--device=cpu", "--dtype=float32"]
+    else:
+        args = [f"--contexts={contexts}", "--compile=graphs", "--eager=True", "--device=cuda", "--dtype=bfloat16",
+                "--decode_impl=sdpa", "--matmul_n=8192"]
+    result = run_script("bench_decode.py", [*args, f"--variants={decode_variants}", "--llama_cpp=False"], "decode")
+    if result:
+        copy_gb_s = measured_limits().get("copy_gb_s") or result["copy_gb_s"]
+        say(f"set against the copy bandwidth of {'the limits section' if measured_limits() else 'bench_decode.py'}: "
+            f"{copy_gb_s:,.0f} GB/s")
+        for line in decode_lines(result, copy_gb_s):
+            say(line)
+    return result and dict(results=result["results"], breakdown=result["breakdown"],
+                           compile_counters=result.get("compile_counters"))
+
+
+# ---- 6. smoke ----
 def check_smoke():
-    section("3. smoke: config/fineweb/vha.py + config/fineweb/smoke.py, compile + bf16, no checkpoint"
-            + (" (toy size, eager, CPU)" if dry_run else ""))
-    work, data = tempfile.mkdtemp(prefix="gpu_check_"), data_dir
-    if not data:  # random GPT-2 tokens: the same work per step as text
-        data = os.path.join(work, "random_tokens")
-        rng = np.random.default_rng(0)
-        meta = {"tokenizer": "gpt2", "vocab_size": 50257, "eot_token": 50256, "source": "random tokens (gpu_check)"}
-        write_split(rng.integers(50257, size=2_000_000 if not dry_run else 20_000),
-                    rng.integers(50257, size=200_000 if not dry_run else 5_000), data, meta)
-    iters = [f"--max_iters={smoke_iters}", f"--lr_decay_iters={smoke_iters}"]
     toy = ["--n_layer=1", "--n_embd=64", "--n_head=4", "--n_kv_head=2", "--head_dim=16", "--vha_postmix_rank=1",
            "--block_size=64", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=4",
            "--lr_decay_iters=4", "--warmup_iters=1", "--eval_interval=2", "--eval_iters=1", "--log_interval=1",
            "--compile=False", "--dtype=float32", "--device=cpu"] if dry_run else []
-    out = os.path.join(work, "smoke")
-    t0 = time.time()
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "config/fineweb/vha.py",
-                           "config/fineweb/smoke.py", f"--data_dir={data}", f"--out_dir={out}",
-                           "--write_checkpoint=False", *iters, *toy],
-                          cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        say(f"FAIL: train.py exited {proc.returncode}: {(proc.stderr.strip().splitlines() or [''])[-1]}")
-        return
-    rows = [json.loads(line) for line in open(os.path.join(out, "log.jsonl"))]
+    out = os.path.join(report_dir, "smoke_run")
+    args = ["config/fineweb/vha.py", "config/fineweb/smoke.py", f"--data_dir={data_dir}",
+            f"--out_dir={out}", "--write_checkpoint=False", f"--max_iters={smoke_iters}",
+            f"--lr_decay_iters={smoke_iters}", f"--eval_interval={max(smoke_iters // 3, 1)}", *toy]
+    log = os.path.join(report_dir, "logs", "smoke.log")
+    rc, wall, text = run_logged([sys.executable, os.path.join(ROOT, "train.py"), *args], log, left() - 5)
+    if rc != 0:
+        what = f"cut after {wall:.0f} s" if rc is None else f"exited {rc}"
+        say(f"FAIL: train.py {what} (log: logs/smoke.log)")
+        return None
+    rows = [json.loads(x) for x in open(os.path.join(out, "log.jsonl"))]
     steps, evals = [r for r in rows if "tok_per_s" in r], [r for r in rows if "val_loss" in r]
     tok_s = statistics.median(r["tok_per_s"] for r in steps[1:] or steps)
     mfu = statistics.median(r["mfu"] for r in steps[1:] or steps) if "mfu" in steps[0] else None
-    say(f"{steps[-1]['iter'] + 1} steps in {time.time() - t0:.0f} s wall; first step done at {steps[0]['time']:.0f} s "
-        f"(compiling the eval and training graphs); checkpoint written: {os.path.exists(os.path.join(out, 'ckpt.pt'))}")
-    say(f"tokens/s {tok_s:,.0f} (median over logged steps after the first), "
-        f"MFU {f'{mfu:.1%}' if mfu else 'n/a (no known peak)'}"
-        + ("  target >= 40%: " + ("PASS" if mfu >= 0.4 else "FAIL") if mfu else ""))
-    say(f"val loss {evals[0]['val_loss']:.3f} -> {evals[-1]['val_loss']:.3f} "
-        f"(data: {'random tokens' if not data_dir else data_dir})")
+    first, last = evals[0]["val_loss"], evals[-1]["val_loss"]
+    say(f"data {data_dir}; {steps[-1]['iter'] + 1} steps in {wall:.0f} s wall, the first done at "
+        f"{steps[0]['time']:.0f} s (compiling); checkpoint written: {os.path.exists(os.path.join(out, 'ckpt.pt'))}")
+    say(f"tokens/s {tok_s:,.0f} (median after the first step), MFU {f'{mfu:.1%}' if mfu else 'n/a (no known peak)'}")
+    falls = last < first - 1.0
+    say(f"val loss {first:.3f} -> {last:.3f}" + ("" if dry_run else f"  {'PASS' if falls else 'FAIL'} (falls by > 1)"))
+    return dict(tok_s=tok_s, mfu=mfu, val_loss=[first, last])
 
 
-def decode_lines(result, compiled, hbm):
-    """bench_decode.py's JSON -> the report lines: every (variant, context), the floor, the KV part at the context the
-    bench breaks down, and (CUDA graphs, known HBM, 32K+) the target on folded VHA's KV part."""
-    lines = []
-    for r in result["results"]:
-        spec = f", {r['gb_s'] * 1e9 / hbm:.0%} of HBM spec" if hbm else ""
-        ctx = f"{r['ctx'] // 1024}K" if r["ctx"] % 1024 == 0 else str(r["ctx"])
-        lines.append(f"  {r['variant']:10s} {r.get('runtime', ''):7s} {ctx:>5s}  {r['decode_tok_s']:8.1f} tok/s  "
-                     f"{r['gb_s']:7.1f} GB/s{spec}  TTFT {r['ttft_ms']:.1f} ms")
-    ran = [r["ctx"] for r in result["results"]]
-    top = 16384 if 16384 in ran else max(ran)  # where the bench computes its breakdown
-    lines.append(f"  the floor: the op-floor model (the same launches at head dim 2) {result['op_floor_ms']:.3f} "
-                 f"ms/token; at context {top}:")
-    for b in result["breakdown"]:
-        if b["kv_gb_s"]:
-            kv = f"{b['kv_gb_s']:.0f} GB/s" + (f" = {b['kv_gb_s'] * 1e9 / hbm:.0%} of HBM spec" if hbm else "")
+# ---- the report: written again after every section ----
+def write_report(header, done):
+    body = [header, ""]
+    for s in done:
+        body += [f"## {TITLES[s['name']]}", "", f"{s['status']}, {s['wall_s']:.0f} s wall", "", "```", *s["lines"],
+                 "```", ""]
+    with open(os.path.join(report_dir, "report.md"), "w") as f:
+        f.write("\n".join(body))
+    with open(os.path.join(report_dir, "report.json"), "w") as f:
+        json.dump(dict(header=header, sections=done), f, indent=1)
+
+
+def run_sections(chosen, header, argv):
+    """Each section in its own process group, cut at its limit; the report written after each -> the sections."""
+    os.makedirs(os.path.join(report_dir, "logs"), exist_ok=True)
+    os.makedirs(os.path.join(report_dir, "sections"), exist_ok=True)
+    end, done = time.time() + total_s, []
+    for name in chosen:
+        limit = min(SECTION_S[name], end - time.time())
+        print(f"\n=== {TITLES[name]} (limit {limit:.0f} s)", flush=True)
+        if limit < min(20, SECTION_S[name]):
+            done.append(dict(name=name, status="skipped: the check's total_s is spent", wall_s=0.0, lines=[]))
         else:
-            kv = "n/a (no slower than context 1)"
-        lines.append(f"  {b['variant']:10s} step {b['ms_top']:.3f} ms = context-1 step {b['ms_ctx1']:.3f} ms "
-                     f"(launches + weights) + KV part {b['kv_ms']:.3f} ms: {kv}")
-    vha = next((b for b in result["breakdown"] if b["variant"] == "vha_folded"), None)
-    if compiled and hbm and vha and top >= 32768:
-        frac = vha["kv_gb_s"] * 1e9 / hbm if vha["kv_gb_s"] else 0.0
-        lines.append(f"target: folded VHA's KV part at {top // 1024}K with CUDA graphs, K/V bytes / (step - context-1 "
-                     f"step), >= 70% of HBM spec: {frac:.0%}  {'PASS' if frac >= 0.7 else 'FAIL'} "
-                     f"(the context-1 floor is {vha['ms_ctx1']:.3f} of the {vha['ms_top']:.3f} ms step)")
-    return lines
-
-# ---- 4. decode ----
-def check_decode():
-    section(f"4. bench_decode.py, batch {decode_batch}, weights and cache in {bench_dtype}: "
-            f"GB/s = (weights + KV bytes per step) / time")
-    ctxs = contexts.split(",") if not dry_run else ["256", "512"]
-    for compiled, use, variants in ((False, ctxs, decode_variants), (True, ctxs[-1:], "vha_folded")):
-        args = [f"--contexts={','.join(use)}", f"--variants={variants}", f"--compile={'graphs' if compiled else 'off'}",
-                f"--device={device}", "--eager=False",
-                f"--dtype={bench_dtype}", f"--decode_impl={decode_impl}", f"--batch_size={decode_batch}",
-                "--llama_cpp=False"]  # llama.cpp rows are a CPU comparison, not part of the GPU check
-        if dry_run:
-            args += ["--n_layer=1", "--n_embd=64", "--head_dim=16", "--decode_steps=3", "--warmup=1", "--copy_mib=16",
-                     "--compile=off"]
-        t0 = time.time()
-        proc = subprocess.run([sys.executable, os.path.join(ROOT, "bench_decode.py"), *args], cwd=ROOT,
-                              capture_output=True, text=True)
-        mode = "CUDA graphs (compile, reduce-overhead)" if compiled else "eager"
-        mode += " [dry run: eager, toy size]" if dry_run else ""
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or [''])[-1]
-            say(f"{mode}: FAIL, bench_decode.py exited {proc.returncode}: {last}")
-            continue
-        result = json.loads(proc.stdout.strip().splitlines()[-1])
-        say(f"{mode}: {time.time() - t0:.0f} s wall; copy bandwidth measured {result['copy_gb_s']:.0f} GB/s")
-        for line in decode_lines(result, compiled, hbm):
-            say(line)
+            cmd = [sys.executable, os.path.abspath(__file__), *argv, f"--only={name}",
+                   f"--deadline={time.time() + limit}"]
+            log = os.path.join(report_dir, "logs", f"section_{name}.log")
+            rc, wall, text = run_logged(cmd, log, limit, own_group=True)
+            result = os.path.join(report_dir, "sections", f"{name}.json")
+            said = json.load(open(result))["lines"] if rc == 0 and os.path.exists(result) else [
+                x for x in text.splitlines()[1:] if not x.startswith("$ ")]
+            status = ("done" if rc == 0 else f"cut at its limit of {limit:.0f} s" if rc is None else f"exited {rc}")
+            failed = rc != 0 or any("FAIL" in x for x in said)
+            done.append(dict(name=name, status=status + (" (FAIL)" if failed else ""), wall_s=wall, lines=said))
+            print("\n".join(said[-40:]), flush=True)
+        write_report(header, done)
+    return done
 
 
 if __name__ == "__main__":
     try:
         globals().update(configure({k: globals()[k] for k in KNOBS}, sys.argv[1:]))
+        report_dir, data_dir = os.path.abspath(report_dir), os.path.abspath(data_dir)  # the sections run in ROOT
+        internal = ("--only=", "--deadline=", "--report_dir=", "--data_dir=")
+        given = [a for a in sys.argv[1:] if not a.startswith(internal)]
+        given += [f"--report_dir={report_dir}", f"--data_dir={data_dir}"]
         chosen = parse_sections(sections)
-        bad = [v for v in decode_variants.split(",")
-               if v not in ("mha", "mqa", "vha_folded") and not (v[:3] == "gqa" and v[3:].isdigit())]
-        if bad or not decode_variants:
-            raise ValueError(f"decode_variants: gpu_check knows mha, mqa, gqaN and vha_folded, got {decode_variants!r}")
+        problem = None if only else problems()
+        if problem:
+            raise ValueError(problem)
     except (ConfigError, ValueError) as e:
         sys.exit(f"error: {e}")
     device = "cpu" if dry_run else "cuda"
     if not dry_run and not torch.cuda.is_available():
         sys.exit("error: no CUDA device: this is the GPU check (use --dry_run to check the script on a CPU)")
     # decode as deployed: bf16 weights and cache with SDPA on CUDA; the dry run keeps the CPU's float32, grouped decode
-    bench_dtype, decode_impl = ("bfloat16", "sdpa") if device == "cuda" else ("float32", "grouped")
+    bench_dtype, decode_impl = (torch.bfloat16, "sdpa") if device == "cuda" else (torch.float32, "grouped")
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (dry run)"
     peak, hbm = gpu_spec(name) if device == "cuda" else (None, None)
-    report.append(f"GPU check on {name}: torch {torch.__version__}, CUDA {torch.version.cuda}, "
-                  + (f"spec {peak / 1e12:.0f} TFLOP/s dense bf16, HBM {hbm / 1e12:.2f} TB/s" if hbm
-                     else "no spec-sheet figures")
-                  + f"; sections {','.join(chosen)}")
-    for s in chosen:
-        t0 = time.time()
-        {"correctness": check_correctness, "kernels": check_kernels, "smoke": check_smoke, "decode": check_decode}[s]()
-        say(f"({s}: {time.time() - t0:.0f} s wall)")
-    print("\n" + "=" * 100 + "\nREPORT (paste into the README and the closing note)\n" + "\n".join(report))
+    if only:  # one section, in this process: its lines and figures to sections/<name>.json
+        figures = {"limits": check_limits, "correctness": check_correctness, "kernels": check_kernels,
+                   "train": check_train, "decode": check_decode, "smoke": check_smoke}[only]()
+        with open(os.path.join(report_dir, "sections", f"{only}.json"), "w") as f:
+            json.dump(dict(lines=lines, figures=figures), f, default=str)
+        sys.exit(0)
+    header = (f"GPU check on {name}: torch {torch.__version__}, CUDA {torch.version.cuda}, "
+              + (f"spec {peak / 1e12:.0f} TFLOP/s dense bf16, HBM {hbm / 1e12:.2f} TB/s" if hbm
+                 else "no spec-sheet figures") + f"; sections {','.join(chosen)}"
+              + ("; DRY RUN: toy sizes on the CPU, eager, mostly float32 (no figure here says anything about a GPU)"
+                 if dry_run else ""))
+    done = run_sections(chosen, header, given)
+    print("\n" + "=" * 100 + f"\nREPORT ({os.path.join(report_dir, 'report.md')}; paste it into docs/gpu.md)\n"
+          + open(os.path.join(report_dir, "report.md")).read())
+    sys.exit(1 if any("FAIL" in s["status"] or s["status"].startswith("skipped") for s in done) else 0)

@@ -195,6 +195,15 @@ def test_bad_input_is_a_one_line_error(tmp_path, make_arg, message):
     assert not proc.stdout.strip()
 
 
+def test_train_benchmark_runs_only_the_variants_asked_for():
+    out = last_json(run("bench.py", *TINY, "--n_head=8", "--block_size=16", "--batch_size=2", "--train_steps=1",
+                        "--train_variants=vha,gqa2"))
+    assert [r["variant"] for r in out["results"]] == ["vha", "gqa2"] and set(out["targets"]) == {"vha_over_gqa_same"}
+    proc = run("bench.py", *TINY, "--train_variants=vha,mla", check=False)
+    assert proc.returncode != 0 and proc.stderr.strip() == (
+        "error: train_variants: all, or a comma list of vha, gqa8, gqa2; got 'vha,mla'")
+
+
 @pytest.mark.slow  # a compile
 def test_decode_step_compiles_as_one_graph_and_matches_eager():
     """torch.compile(fullgraph=True) of the static-shape step: no graph break, same logits (float64)."""
