@@ -76,6 +76,34 @@ def worker_pids(launcher):
     return pids
 
 
+def launch_past_first_checkpoint(part, args, max_iters):
+    """torchrun of train.py on 2 processes -> (the launcher, {rank: pid}) once the log is past iteration 12, so the
+    checkpoint of iteration 10 is on disk."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+           f"--out_dir={part}", *args]
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        while len(pids := worker_pids(job)) < 2 or last_iter(part) < 12:
+            assert job.poll() is None and last_iter(part) < max_iters, "the run ended before it could be stopped"
+            time.sleep(0.001)
+    except BaseException:
+        job.kill()
+        raise
+    return job, pids
+
+
+def assert_one_line_naming_rank_1(err, part):
+    """The survivor's report: one line, no rank's traceback (torchrun adds its own report), naming the stopped rank
+    and a whole checkpoint to resume from."""
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "RuntimeError" not in err, err
+    m = re.fullmatch(r"error: rank 0: process rank 1 of this job died \(or hangs\) at iteration (\d+); "
+                     r"(.*) \(iteration (\d+)\) is kept: relaunch with --init_from=resume", errors[0])
+    assert m and m[2] == os.path.join(part, "ckpt.pt") and int(m[3]) <= int(m[1]), errors
+    assert load_checkpoint(m[2])["iter_num"] == int(m[3]) >= 10  # the checkpoint it names is whole
+    assert not [n for n in os.listdir(part) if n.startswith(".tmp")]
+
+
 @pytest.mark.slow  # about 32 s: three runs, and the survivor waits 5 s for the roll call
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="finds torchrun's workers in /proc (Linux)")
 def test_a_killed_process_stops_the_job_in_one_line_and_it_resumes_exactly(char_data, tmp_path):
@@ -86,13 +114,8 @@ def test_a_killed_process_stops_the_job_in_one_line_and_it_resumes_exactly(char_
                           text=True, timeout=300, env=ENV)
     assert proc.returncode == 0, proc.stderr
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-           f"--out_dir={part}", *args]
-    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    job, pids = launch_past_first_checkpoint(part, args, 60)
     try:
-        while len(pids := worker_pids(job)) < 2 or last_iter(part) < 12:  # past the checkpoint of iteration 10
-            assert job.poll() is None and last_iter(part) < 60, "the run ended before it could be killed"
-            time.sleep(0.001)
         os.kill(pids[1], signal.SIGKILL)
         killed = time.time()
         out, err = job.communicate(timeout=60)  # not ddp_timeout, nor gloo's default 30 minutes
@@ -101,14 +124,7 @@ def test_a_killed_process_stops_the_job_in_one_line_and_it_resumes_exactly(char_
         job.kill()
         job.wait()
     assert job.returncode != 0 and stopped < 60, (stopped, err)
-    errors = [line for line in err.splitlines() if "error:" in line]
-    # one line, no rank's traceback (torchrun adds its report)
-    assert len(errors) == 1 and "RuntimeError" not in err, err
-    m = re.fullmatch(r"error: rank 0: process rank 1 of this job died \(or hangs\) at iteration (\d+); "
-                     r"(.*) \(iteration (\d+)\) is kept: relaunch with --init_from=resume", errors[0])
-    assert m and m[2] == os.path.join(part, "ckpt.pt") and int(m[3]) <= int(m[1]), errors
-    assert load_checkpoint(m[2])["iter_num"] == int(m[3]) >= 10  # the checkpoint it names is whole
-    assert not [n for n in os.listdir(part) if n.startswith(".tmp")]
+    assert_one_line_naming_rank_1(err, part)
 
     torchrun(f"--out_dir={part}", "--init_from=resume", *args)  # to the end, on 2 processes again
     a, b = curve(full), curve(part)
@@ -124,15 +140,10 @@ def test_a_hung_process_stops_the_job_after_ddp_timeout_in_one_line(char_data, t
     """SIGSTOP keeps rank 1's connections open, so nothing fails but the collective's wait: rank 0 stops after
     --ddp_timeout (not gloo's default 30 minutes) with one line naming rank 1, and its checkpoint is whole."""
     part, timeout = str(tmp_path / "part"), 8
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
-           f"--out_dir={part}", f"--data_dir={char_data}", "--max_iters=400", "--eval_interval=10",
-           "--gradient_accumulation_steps=2", f"--ddp_timeout={timeout}", *TINY_MODEL]
-    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    pids = {}
+    job, pids = launch_past_first_checkpoint(part, [f"--data_dir={char_data}", "--max_iters=400", "--eval_interval=10",
+                                                    "--gradient_accumulation_steps=2", f"--ddp_timeout={timeout}",
+                                                    *TINY_MODEL], 400)
     try:
-        while len(pids := worker_pids(job)) < 2 or last_iter(part) < 12:  # past the checkpoint of iteration 10
-            assert job.poll() is None and last_iter(part) < 400, "the run ended before it could be stopped"
-            time.sleep(0.001)
         os.kill(pids[1], signal.SIGSTOP)
         stopped = time.time()
         while os.path.exists(f"/proc/{pids[0]}") and time.time() - stopped < 120:  # rank 0 waits, then reports
@@ -146,9 +157,4 @@ def test_a_hung_process_stops_the_job_after_ddp_timeout_in_one_line(char_data, t
                 pass
         out, err = job.communicate(timeout=60)
     assert timeout <= waited < timeout + 30, (waited, err)
-    errors = [line for line in err.splitlines() if "error:" in line]
-    assert len(errors) == 1 and "RuntimeError" not in err, err
-    m = re.fullmatch(r"error: rank 0: process rank 1 of this job died \(or hangs\) at iteration (\d+); "
-                     r"(.*) \(iteration (\d+)\) is kept: relaunch with --init_from=resume", errors[0])
-    assert m and m[2] == os.path.join(part, "ckpt.pt") and int(m[3]) <= int(m[1]), errors
-    assert load_checkpoint(m[2])["iter_num"] == int(m[3]) >= 10
+    assert_one_line_naming_rank_1(err, part)
