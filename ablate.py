@@ -199,9 +199,9 @@ def cmd_report(cfg):
                      f"{fmt([r['val_loss'] for r in g])} | {g[0]['params']:,} | {g[0]['flops_per_token'] / 1e6:.2f}M | "
                      f"{g[0]['kv_bytes_per_token']} | {fmt([r['tok_per_s'] for r in g if r['tok_per_s']], 1, 0)} | "
                      f"{fmt([r['wall_s'] for r in g], 1, 0)} |")
-    if cfg["primary_list"]:
-        lines += [""] + primary_lines({pair: (M[pair[0]], M[pair[1]]) for pair in cfg["primary_list"]}, "val loss")
     planned = bool(cfg["primary_list"])
+    if planned:
+        lines += [""] + primary_lines({pair: (M[pair[0]], M[pair[1]]) for pair in cfg["primary_list"]}, "val loss")
     lines += ["", "## The paper's comparisons, checked on our numbers" + " (exploratory)" * planned, "",
               "The paper's metric is a downstream average; ours is val loss, so only the direction is compared. "
               "Δ = first minus second, per seed (both saw the same batches), then mean ± SE over the seeds"

@@ -117,7 +117,10 @@ def run_logged(cmd, log_path, timeout, own_group=False):
         try:
             rc = proc.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL) if own_group else proc.kill()
+            if own_group:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
             proc.wait()
             rc = None
     with open(log_path) as f:
@@ -125,7 +128,7 @@ def run_logged(cmd, log_path, timeout, own_group=False):
 
 
 def run_script(script, args, tag):
-    """One of the repo's scripts in this section's time -> its last JSON line (or None, the failure said)."""
+    """One of the repo's scripts in this section's time -> its log's text (or None, the failure said)."""
     log = os.path.join(report_dir, "logs", f"{tag}.log")
     rc, wall, text = run_logged([sys.executable, os.path.join(ROOT, script), *args], log, left() - 5)
     if rc != 0:
@@ -134,7 +137,12 @@ def run_script(script, args, tag):
                                   else f"exited {rc}: {tail[0]}") + f" (log: logs/{tag}.log)")
         return None
     say(f"{script}: {wall:.0f} s wall (log: logs/{tag}.log)")
-    return json.loads([x for x in text.strip().splitlines() if x.startswith("{")][-1])
+    return text
+
+
+def last_json(text):
+    """The last JSON line a benchmark printed (its result), or None when it failed."""
+    return text and json.loads([x for x in text.strip().splitlines() if x.startswith("{")][-1])
 
 
 def measured_limits():
@@ -293,7 +301,8 @@ def check_train():
              ["--n_layer=12", "--n_embd=768", "--head_dim=64", "--vocab_size=50304", "--batch_size=16",
               "--block_size=1024", "--train_steps=10", "--warmup=3", "--compile=True", "--dtype=bfloat16",
               "--device=cuda"])
-    result = run_script("bench.py", [*shape, "--n_head=16", "--vha_kv_head=2", "--train_variants=vha,gqa2"], "train")
+    result = last_json(run_script("bench.py", [*shape, "--n_head=16", "--vha_kv_head=2", "--train_variants=vha,gqa2"],
+                                  "train"))
     if result:
         for line in train_lines(result, measured_limits().get("matmul_tflop_s")):
             say(line)
@@ -337,10 +346,12 @@ def check_decode():
     else:
         args = [f"--contexts={contexts}", "--compile=graphs", "--eager=True", "--device=cuda", "--dtype=bfloat16",
                 "--decode_impl=sdpa", "--matmul_n=8192"]
-    result = run_script("bench_decode.py", [*args, f"--variants={decode_variants}", "--llama_cpp=False"], "decode")
+    result = last_json(run_script("bench_decode.py", [*args, f"--variants={decode_variants}", "--llama_cpp=False"],
+                                  "decode"))
     if result:
-        copy_gb_s = measured_limits().get("copy_gb_s") or result["copy_gb_s"]
-        say(f"set against the copy bandwidth of {'the limits section' if measured_limits() else 'bench_decode.py'}: "
+        measured = measured_limits().get("copy_gb_s")
+        copy_gb_s = measured or result["copy_gb_s"]
+        say(f"set against the copy bandwidth of {'the limits section' if measured else 'bench_decode.py'}: "
             f"{copy_gb_s:,.0f} GB/s")
         for line in decode_lines(result, copy_gb_s):
             say(line)
@@ -358,12 +369,10 @@ def check_smoke():
     args = ["config/fineweb/vha.py", "config/fineweb/smoke.py", f"--data_dir={data_dir}",
             f"--out_dir={out}", "--write_checkpoint=False", f"--max_iters={smoke_iters}",
             f"--lr_decay_iters={smoke_iters}", f"--eval_interval={max(smoke_iters // 3, 1)}", *toy]
-    log = os.path.join(report_dir, "logs", "smoke.log")
-    rc, wall, text = run_logged([sys.executable, os.path.join(ROOT, "train.py"), *args], log, left() - 5)
-    if rc != 0:
-        what = f"cut after {wall:.0f} s" if rc is None else f"exited {rc}"
-        say(f"FAIL: train.py {what} (log: logs/smoke.log)")
+    t0 = time.time()
+    if run_script("train.py", args, "smoke") is None:
         return None
+    wall = time.time() - t0
     rows = [json.loads(x) for x in open(os.path.join(out, "log.jsonl"))]
     steps, evals = [r for r in rows if "tok_per_s" in r], [r for r in rows if "val_loss" in r]
     tok_s = statistics.median(r["tok_per_s"] for r in steps[1:] or steps)
@@ -405,8 +414,8 @@ def run_sections(chosen, header, argv):
             log = os.path.join(report_dir, "logs", f"section_{name}.log")
             rc, wall, text = run_logged(cmd, log, limit, own_group=True)
             result = os.path.join(report_dir, "sections", f"{name}.json")
-            said = json.load(open(result))["lines"] if rc == 0 and os.path.exists(result) else [
-                x for x in text.splitlines()[1:] if not x.startswith("$ ")]
+            # done: the section's own lines; cut or crashed: what its log holds after the command line
+            said = json.load(open(result))["lines"] if rc == 0 and os.path.exists(result) else text.splitlines()[1:]
             status = ("done" if rc == 0 else f"cut at its limit of {limit:.0f} s" if rc is None else f"exited {rc}")
             failed = rc != 0 or any("FAIL" in x for x in said)
             done.append(dict(name=name, status=status + (" (FAIL)" if failed else ""), wall_s=wall, lines=said))
