@@ -1,4 +1,5 @@
 import importlib
+import importlib.util
 import json
 import os
 import random
@@ -49,6 +50,15 @@ def char_data(tmp_path_factory):
     out = tmp_path_factory.mktemp("char_data")
     prepare_string(tiny_text(), str(out), "char", "tiny test text")
     return str(out)
+
+
+def load_script(path):
+    """A repo script as a module (path from the repo root): its definitions, without running what it runs under
+    __main__ (its settings are parsed there, or from sys.argv at import where a test sets them)."""
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run(script, *args, check=True, env=None, timeout=300):

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from conftest import ROOT, run
+from conftest import ROOT, load_script, run
 from nanovha.config import configure
 from nanovha.checkpoint import save_checkpoint
 from model import GPT, GPTConfig, fold_postmix, rope_cos_sin
@@ -223,12 +223,9 @@ def test_auto_settings_resolve_for_cuda_and_cpu(monkeypatch):
     """decode_impl=auto etc.: on CUDA SDPA decode in bf16/fp16 (grouped for float32 weights: no fp32 SDPA kernel takes
     grouped heads), 32K prefill, CUDA graphs; a CPU decodes grouped, prefills 2K and compiles an AOTInductor package;
     MPS runs eager. resolve_auto is called with device_type="cuda" here; no GPU is needed."""
-    import importlib.util
     import sys
     monkeypatch.setattr(sys, "argv", ["bench_decode.py", "--device=cpu"])
-    spec = importlib.util.spec_from_file_location("bench_decode", os.path.join(ROOT, "bench_decode.py"))
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)  # parses the argv above; runs nothing (the benchmark runs under __main__)
+    bench = load_script("bench_decode.py")  # parses the argv above; runs nothing (the benchmark runs under __main__)
     assert ((bench.decode_impl, bench.prefill_max, bench.compile, bench.runtimes)
             == ("grouped", 2048, "aot", ["aot", "eager"]))
     assert bench.resolve_auto("cuda", "auto", None, "auto") == ("sdpa", 32768, "graphs")  # dtype auto: bf16 there

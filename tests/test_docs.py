@@ -60,7 +60,7 @@ def test_readme_is_a_guide():
 
 COMMANDS = ["train.py", "sample.py", "fold.py", "convert.py", "bench_decode.py", "bench.py", "ablate.py", "sweep.py",
             "uptrain.py"]  # with model.py, all the root holds
-SCRIPTS = [*COMMANDS, "scripts/gpu_check.py", "scripts/decode_levers.py",
+SCRIPTS = [*COMMANDS, "scripts/gpu_check.py", "scripts/decode_levers.py", "scripts/recall_probe.py",
            *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "data", "*", "prepare.py")))]
 
 

@@ -1,7 +1,6 @@
 """scripts/gpu_check.py is prepared for a GPU but must not first fail there: its dry run takes every section on the CPU
 (each in its own process, the report written after each, the carried data used), a hung process is cut at its limit,
 and the parts only a GPU reaches (CUDA op names, the decode and training lines) are fed made-up inputs here."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,16 +9,13 @@ import time
 
 import pytest
 
-from conftest import ROOT, run
+from conftest import ROOT, load_script, run
 from test_bench import TINY_DECODE, last_json
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "scripts", "gpu_check.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # defines only: the check runs under __main__
-    return module
+    return load_script("scripts/gpu_check.py")  # defines only: the check runs under __main__
 
 
 def section_lines(report_dir):
