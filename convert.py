@@ -48,6 +48,9 @@ out_name = "ckpt.pt"
 to = "vha"  # "vha" (premix + postmix over H_kv KV heads) or "gqa" (the mean-pooled baseline)
 n_kv_head = 2  # KV heads of the target; must divide the source's
 premix_fit = "weights"  # "weights": P from W_q alone; "activations": P fits the queries on the calibration tokens
+# the physical query heads: "first" (group 0's source heads), "best" (the source group that reconstructs the others
+# best), "fit" (fitted together with premix: the least total error, no source head kept as it was)
+physical = "first"
 ridge = 1e-6  # premix ridge, relative: lam = ridge * tr(B B^T) / d (scale-free); 0 = plain least squares
 postmix_rank = 0  # rank r of V U^T; 0: GPTConfig's default max(1, n_head // 4)
 # calibration tokens: a .bin of token ids (uint16, or as its folder's meta.pkl says), or a UTF-8 text file (source
@@ -60,7 +63,8 @@ seed = 1337
 device = "cpu"
 overwrite = False  # True: replace an existing out_dir/out_name (never the source or the calibration file)
 defaults = flat_defaults(globals())
-LIMITS = {"n_kv_head": ">= 1", "premix_fit": ("weights", "activations"), "ridge": ">= 0",
+LIMITS = {"n_kv_head": ">= 1", "premix_fit": ("weights", "activations"), "physical": ("first", "best", "fit"),
+          "ridge": ">= 0",
           "postmix_rank": ">= 0", "calib_batches": ">= 1", "batch_size": ">= 1", "calib_len": ">= 2"}
 # -----------------------------------------------------------------------------
 
@@ -102,30 +106,66 @@ def pool_heads(W, H_kv, d):
     return W.view(H_kv, H_src // H_kv, d, W.size(1)).mean(1).reshape(H_kv * d, W.size(1))
 
 
-def fit_premix(W_q, H_kv, d, lam_rel, C=None):
-    """Source W_q (H_q*d, D), float64 -> (physical W_q (H_p*d, D), P (H_kv, d, d), relative error per group (H_kv,)).
-    Virtual head j = g*H_p + h computes q_j = q_h P[g] = x (P[g]^T W_q[h])^T (model.fold_premix), so P[g]^T must take
-    the group-0 weights B_h onto the source's A_h = W_q[g*H_p + h], jointly over h. Ridge least squares:
-        min_P sum_h ||A_h - P^T B_h||_F^2 + lam ||P||_F^2  =>  (sum_h B_h B_h^T + lam I) P = sum_h B_h A_h^T
+def fit_premix(W_q, H_kv, d, lam_rel, C=None, physical="first"):
+    """Source W_q (H_q*d, D), float64 -> (physical W_q (H_p*d, D), P (H_kv, d, d), relative error per group (H_kv,),
+    the source group whose heads are the physical heads, or -1 when they were fitted).
+    Virtual head j = g*H_p + h computes q_j = q_h P[g] = x (P[g]^T B_h)^T (model.fold_premix), so P[g]^T must take
+    the physical weights B_h onto the source's A_gh = W_q[g*H_p + h], jointly over h. Ridge least squares:
+        min_P sum_h ||A_gh - P^T B_h||_F^2 + lam ||P||_F^2  =>  (sum_h B_h B_h^T + lam I) P = sum_h B_h A_gh^T
     With C = X^T X (D, D), the Gram of the layer's calibration inputs X, it fits the queries themselves instead:
-        min_P sum_h ||X A_h^T - X B_h^T P||_F^2 + lam ||P||^2  =>  (sum_h B_h C B_h^T + lam I) P = sum_h B_h C A_h^T
+        min_P sum_h ||X A_gh^T - X B_h^T P||_F^2 + lam ||P||^2  =>  (sum_h B_h C B_h^T + lam I) P = sum_h B_h C A_gh^T
+    The physical heads B (`physical`):
+        "first": the source heads of group 0 (P[0] = I)
+        "best":  the source heads of the group c that reconstructs the other groups best (P[c] = I): every c tried
+        "fit":   B and P fitted together, min_{B,P} sum_{g,h} ||A_gh - P[g]^T B_h||^2 (in C's metric when given),
+                 by alternating least squares from "best": the P step above, then for each h
+                 B_h = (sum_g P[g] P[g]^T)^{-1} sum_g P[g] A_gh; then rescaled so that mean_g P[g] = I
+                 (B_h -> (mean P)^T B_h, P[g] -> (mean P)^{-1} P[g]: the same virtual heads)
     The fit is on pre-norm q: QK-norm follows premix (model.Attention), so an exact fit gives the source's normed
     queries exactly; an inexact one errs before the norm, which then rescales each token's error with its q.
-    The error returned is on the weights, ||A - P^T B||_F / ||A||_F, whichever fit ran."""
+    The error returned is on the weights, ||A_g - P[g]^T B||_F / ||A_g||_F per group g, whichever fit ran."""
     D = W_q.size(1)
-    W = W_q.view(-1, d, D)  # (H_q, d, D)
-    H_p = W.size(0) // H_kv
-    B = W[:H_p]  # (H_p, d, D): the group-0 source heads = the physical heads
+    A = W_q.view(H_kv, -1, d, D)  # (H_kv, H_p, d, D): A[g, h] = source head g*H_p + h
+    fits = {c: premix_from_group(A, c, C, lam_rel) for c in ([0] if physical == "first" else range(H_kv))}
+    source = min(fits, key=lambda c: premix_residual(A, A[c], fits[c], C))
+    B, P = A[source], fits[source]  # (H_p, d, D): the physical heads, one source group's
+    if physical == "fit":
+        source, before = -1, premix_residual(A, B, P, C)
+        for _ in range(300):
+            PP, PA = torch.einsum("gce,gfe->cf", P, P), torch.einsum("gce,gheD->hcD", P, A)  # (d, d), (H_p, d, D)
+            B = torch.linalg.solve(PP, PA)  # (H_p, d, D): B_h = (sum_g P[g] P[g]^T)^{-1} sum_g P[g] A_gh
+            P = solve_premix(A, B, C, lam_rel)
+            after = premix_residual(A, B, P, C)
+            if before - after <= 1e-10 * before:
+                break
+            before = after
+        M = P.mean(0)  # (d, d): after the rescale mean_g P[g] = I
+        B, P = M.T @ B, torch.linalg.solve(M, P)
+    E = A - torch.einsum("gce,hcD->gheD", P, B)  # (H_kv, H_p, d, D): A_gh - P[g]^T B_h
+    err = E.flatten(1).norm(dim=1) / A.flatten(1).norm(dim=1).clamp_min(1e-300)  # (H_kv,)
+    return B.reshape(-1, D), P, err, source  # (H_p*d, D): the physical W_q
+
+
+def premix_from_group(A, c, C, lam_rel):
+    """P (H_kv, d, d) with source group c's heads as the physical heads: P[c] = I, the other groups fitted."""
+    P = solve_premix(A, A[c], C, lam_rel)
+    P[c] = torch.eye(P.size(-1), dtype=P.dtype)  # exact: the physical heads ARE this group's
+    return P
+
+
+def solve_premix(A, B, C, lam_rel):
+    """P (H_kv, d, d) for fixed physical heads B (H_p, d, D): (sum_h B_h C B_h^T + lam I) P[g] = sum_h B_h C A_gh^T,
+    lam = lam_rel * mean diag of the left side (relative: the same fit at any weight scale)."""
     BC = B if C is None else B @ C  # (H_p, d, D): B_h C
     G = torch.einsum("hcD,heD->ce", BC, B)  # (d, d): sum_h B_h C B_h^T
-    lam = lam_rel * G.diagonal().mean()  # relative ridge: the same fit at any weight scale
-    P = torch.eye(d, dtype=W_q.dtype).repeat(H_kv, 1, 1)  # (H_kv, d, d); P[0] = I: group 0 IS the physical heads
-    err = torch.zeros(H_kv, dtype=W_q.dtype)
-    for g in range(1, H_kv):
-        A = W[g * H_p:(g + 1) * H_p]  # (H_p, d, D): the source heads group g must reproduce
-        P[g] = torch.linalg.solve(G + lam * torch.eye(d, dtype=G.dtype), torch.einsum("hcD,heD->ce", BC, A))  # (d, d)
-        err[g] = (A - P[g].T @ B).norm() / A.norm().clamp_min(1e-300)  # ||A - P^T B||_F / ||A||_F
-    return B.reshape(H_p * d, D), P, err  # (H_p*d, D): the physical W_q
+    G = G + lam_rel * G.diagonal().mean() * torch.eye(G.size(0), dtype=G.dtype)
+    return torch.linalg.solve(G, torch.einsum("hcD,gheD->gce", BC, A))  # (H_kv, d, d)
+
+
+def premix_residual(A, B, P, C):
+    """sum_{g,h} ||(A_gh - P[g]^T B_h) C^(1/2)||_F^2 (C None: the identity): what the fit minimises, less the ridge."""
+    E = A - torch.einsum("gce,hcD->gheD", P, B)  # (H_kv, H_p, d, D)
+    return float(E.pow(2).sum() if C is None else torch.einsum("ghcD,DE,ghcE->", E, C, E))
 
 
 @torch.no_grad()
@@ -143,27 +183,29 @@ def input_grams(source, tokens):
 
 
 @torch.no_grad()
-def convert(source, target, H_kv, lam_rel=1e-6, rank=0, seed=0, grams=None):
-    """The converted GPT (in the source's dtype) and the premix fit errors, one (H_kv,) tensor per layer (VHA).
+def convert(source, target, H_kv, lam_rel=1e-6, rank=0, seed=0, grams=None, physical="first"):
+    """The converted GPT (in the source's dtype), the premix fit errors, one (H_kv,) tensor per layer (VHA), and per
+    layer the source group whose query heads became the physical ones (-1: fitted; fit_premix's `physical`).
     grams: per layer the Gram of the calibration inputs, to fit premix on activations (fit_premix's C), or None."""
     c = source.cfg
     cfg, d = target_config(c, target, H_kv, rank), c.head_dim
     state = dict(source.state_dict())  # every weight not rewritten below is copied
     gen = torch.Generator().manual_seed(seed)
-    fit_errors = []
+    fit_errors, sources = [], []
     for i, block in enumerate(source.blocks):
         W = block.attn.qkv_proj.weight
         W_q, W_k, W_v = W.double().split(block.attn.qkv_split)  # (H_q*d, D), (H_src*d, D), (H_src*d, D)
         if target == "vha":
-            W_q, P, err = fit_premix(W_q, H_kv, d, lam_rel, None if grams is None else grams[i])
+            W_q, P, err, group = fit_premix(W_q, H_kv, d, lam_rel, None if grams is None else grams[i], physical)
             fit_errors.append(err)
+            sources.append(group)
             state[f"blocks.{i}.attn.premix"] = P.to(W.dtype)
             state[f"blocks.{i}.attn.postmix_U"] = (0.01 * torch.randn(cfg.n_attn_head, cfg.vha_postmix_rank,
                                                                       generator=gen)).to(W)
             state[f"blocks.{i}.attn.postmix_V"] = W.new_zeros(cfg.n_attn_head, cfg.vha_postmix_rank)  # M = I exactly
         state[f"blocks.{i}.attn.qkv_proj.weight"] = torch.cat([W_q, pool_heads(W_k, H_kv, d),
                                                                pool_heads(W_v, H_kv, d)]).to(W.dtype)
-    return model_from_state(cfg, state, source.embed.weight.device), fit_errors
+    return model_from_state(cfg, state, source.embed.weight.device), fit_errors, sources
 
 
 def qkv_after_norm(attn, x):
@@ -234,22 +276,24 @@ def calibration_tokens(meta, config, vocab_size, block_size):
     return torch.stack([ids[i:i + T] for i in starts]), f"{n} x {T} tokens of {path}"  # (n, T)
 
 
-def report(source, converted, fits, errors, summary, where):
+def report(source, converted, fits, sources, errors, summary, where):
     """Prints what the conversion did, one row per layer, and returns the rows (kept in the checkpoint)."""
     s, c = source.cfg, converted.cfg
     print(f"source: {s.n_layer} layers, GQA {s.n_head} Q / {s.n_kv_head} KV heads, head_dim {s.head_dim}")
     heads = f"{c.n_head} virtual / {c.n_q_proj} physical Q" if c.attn == "vha" else f"{c.n_head} Q"
     print(f"target: {c.attn.upper()} {heads} / {c.n_kv_head} KV heads: KV cache {s.n_kv_head // c.n_kv_head}x smaller")
     print(f"calibration: {where}")
-    print("layer  premix fit rel err (mean / max over groups)   q rel err   k rel err   v rel err")
+    print("layer  physical Q (from group)  premix fit rel err (rms / max over groups)  q rel err  k rel err  v rel err")
     rows = []
     for i in range(s.n_layer):
-        fit = fits[i][1:] if fits and len(fits[i]) > 1 else None  # group 0 is exact by construction
-        row = dict(layer=i, premix_fit_mean=float(fit.mean()) if fit is not None else None,
-                   premix_fit_max=float(fit.max()) if fit is not None else None, **dict(zip("qkv", errors[i].tolist())))
+        fit = fits[i] if fits and len(fits[i]) > 1 else None  # one KV group: nothing to fit
+        row = dict(layer=i, physical=None if fit is None else sources[i],
+                   premix_fit_rms=None if fit is None else float(fit.pow(2).mean().sqrt()),
+                   premix_fit_max=None if fit is None else float(fit.max()), **dict(zip("qkv", errors[i].tolist())))
         rows.append(row)
-        fit_text = f"{row['premix_fit_mean']:.3g} / {row['premix_fit_max']:.3g}" if fit is not None else "-"
-        print(f"{i:5d}  {fit_text:>44}   {row['q']:9.3g}   {row['k']:9.3g}   {row['v']:9.3g}")
+        fit_text = f"{row['premix_fit_rms']:.3g} / {row['premix_fit_max']:.3g}" if fit is not None else "-"
+        heads = "-" if fit is None else "fitted" if sources[i] < 0 else str(sources[i])
+        print(f"{i:5d}  {heads:>23}  {fit_text:>42}  {row['q']:9.3g}  {row['k']:9.3g}  {row['v']:9.3g}")
     worst, l_src, l_conv = summary
     print(f"whole model on the calibration tokens: max |logit diff| {worst:.3g}; "
           f"loss {l_src:.4f} (source) -> {l_conv:.4f} (converted)")
@@ -284,11 +328,12 @@ def convert_and_save(dst):
         sys.exit(f"error: {e}")
     source.eval()
     grams = input_grams(source, tokens) if premix_fit == "activations" and to == "vha" else None
-    converted, fits = convert(source, to, n_kv_head, ridge, postmix_rank, seed, grams)
+    converted, fits, sources = convert(source, to, n_kv_head, ridge, postmix_rank, seed, grams, physical)
     errors, summary = layer_errors(source, converted.eval(), tokens)
-    rows = report(source, converted, fits, errors, summary, where)
-    method = (f"VHA: premix by ridge least squares on the {premix_fit}, K/V mean-pooled" if to == "vha"
-              else "GQA: K/V mean-pooled")
+    rows = report(source, converted, fits, sources, errors, summary, where)
+    method = "GQA: K/V mean-pooled"
+    if to == "vha":
+        method = f"VHA: physical Q '{physical}', premix by ridge least squares on the {premix_fit}, K/V mean-pooled"
     save_checkpoint({"model": converted.state_dict(), "model_args": asdict(converted.cfg), "meta": meta, "iter_num": 0,
                      # config: the source run's (dataset), {} for a Hugging Face folder
                      "config": config, "kind": "converted",

@@ -49,14 +49,14 @@ def logit_gap(a, b):
         return float((a(x)[0] - b(x)[0]).abs().max())
 
 
-@pytest.mark.parametrize("to", ["vha", "gqa"])
+@pytest.mark.parametrize("to, physical", [("vha", "first"), ("vha", "best"), ("vha", "fit"), ("gqa", "first")])
 @pytest.mark.parametrize("dtype, ridge, tol", [
     (torch.float64, 0.0, 1e-10),
     (torch.float32, 1e-6, 2e-5),
 ], ids=["float64", "float32"])
-def test_repeated_heads_convert_exactly(to, dtype, ridge, tol):
+def test_repeated_heads_convert_exactly(to, physical, dtype, ridge, tol):
     source = source_gqa(dtype, exact=True)
-    converted, fits = convert.convert(source, to, 2, ridge)
+    converted, fits, _ = convert.convert(source, to, 2, ridge, physical=physical)
     c = converted.cfg
     assert (c.attn, c.n_head, c.n_kv_head, c.n_q_proj) == ((to, 8, 2, 4) if to == "vha" else (to, 8, 2, 8))
     assert converted.embed.weight.dtype == dtype and logit_gap(source, converted.eval()) <= tol
@@ -67,7 +67,8 @@ def test_repeated_heads_convert_exactly(to, dtype, ridge, tol):
 
 def test_premix_is_the_least_squares_solution_and_kv_the_mean():
     source = source_gqa(seed=3)
-    converted, fits = convert.convert(source, "vha", 2, lam_rel=0.0)
+    converted, fits, sources = convert.convert(source, "vha", 2, lam_rel=0.0)
+    assert sources == [0, 0]
     for src_block, conv_block, err in zip(source.blocks, converted.blocks, fits):
         W_q, W_k, W_v = src_block.attn.qkv_proj.weight.split(src_block.attn.qkv_split)
         Wc_q, Wc_k, Wc_v = conv_block.attn.qkv_proj.weight.split(conv_block.attn.qkv_split)
@@ -84,6 +85,46 @@ def test_premix_is_the_least_squares_solution_and_kv_the_mean():
         assert torch.equal(conv_block.attn.o_proj.weight, src_block.attn.o_proj.weight)
     lam = convert.convert(source, "vha", 2, lam_rel=10.0)[0].blocks[0].attn.premix[1]  # ridge shrinks P towards 0
     assert lam.norm() < converted.blocks[0].attn.premix[1].norm()
+
+
+def stacked_query_heads(d=8, D=24, H_p=3, H_kv=2, seed=0, rank=None):
+    """W_q (H_kv*H_p*d, D) in float64. rank: group 0's heads are P^T (group 1's) for a P of that rank, so group 1
+    reconstructs group 0 exactly and not the other way round."""
+    gen = torch.Generator().manual_seed(seed)
+    W = torch.randn(H_kv, H_p, d, D, generator=gen, dtype=torch.float64)  # (H_kv, H_p, d, D)
+    if rank is not None:
+        P = torch.randn(d, rank, generator=gen, dtype=torch.float64) @ torch.randn(rank, d, generator=gen,
+                                                                                  dtype=torch.float64)  # (d, d)
+        W[0] = P.T @ W[1]
+    return W.reshape(-1, D)
+
+
+def test_best_takes_the_group_that_reconstructs_the_others():
+    W_q = stacked_query_heads(rank=4)
+    _, _, err_first, first = convert.fit_premix(W_q, 2, 8, 0.0, physical="first")
+    B, P, err, group = convert.fit_premix(W_q, 2, 8, 0.0, physical="best")
+    assert first == 0 and float(err_first[1]) > 0.3  # group 0 has rank 4 of 8: it cannot make group 1
+    assert group == 1 and torch.equal(B, W_q[24:]) and torch.equal(P[1], torch.eye(8, dtype=P.dtype))
+    assert float(err.max()) < 1e-10  # group 0 = P^T group 1 exactly
+
+
+def test_fit_is_the_least_squares_optimum_over_heads_and_premix():
+    """C = I: min over B and P of sum ||A_gh - P[g]^T B_h||^2 is a rank-d approximation of the stacked heads
+    S = [A_gh] ((H_kv*d) x (H_p*D)), so its residual is the sum of S's squared singular values past the d-th."""
+    d, D, H_p, H_kv = 8, 24, 3, 3
+    W_q = stacked_query_heads(d, D, H_p, H_kv, seed=1)
+    A = W_q.view(H_kv, H_p, d, D)
+    S = A.permute(0, 2, 1, 3).reshape(H_kv * d, H_p * D)  # block (g, h) = A_gh
+    optimum = float(torch.linalg.svdvals(S)[d:].pow(2).sum())
+    residual = {}
+    for physical in ("first", "best", "fit"):
+        B, P, err, group = convert.fit_premix(W_q, H_kv, d, 0.0, physical=physical)
+        residual[physical] = convert.premix_residual(A, B.view(H_p, d, D), P, None)
+        want = (err.pow(2) * A.flatten(1).pow(2).sum(1)).sum()  # the per-group errors say the same
+        assert abs(float(want) - residual[physical]) <= 1e-9 * residual[physical]
+    assert group == -1 and torch.allclose(P.mean(0), torch.eye(d, dtype=P.dtype), atol=1e-12)  # mean_g P[g] = I
+    assert abs(residual["fit"] - optimum) <= 1e-6 * optimum
+    assert residual["fit"] < 0.99 * residual["best"] <= residual["first"]
 
 
 def save_source(folder, **kw):
@@ -108,7 +149,8 @@ def test_cli_prints_per_layer_errors_and_writes_a_checkpoint_that_samples(exact,
     printed = capsys.readouterr().out
     rows = table(printed)
     assert sorted(rows) == [0, 1] and "RANDOM tokens, 4 x 32" in printed and "KV cache 2x smaller" in printed
-    fit, (q, k, v) = float(rows[0][0]), map(float, rows[0][-3:])
+    fit, (q, k, v) = float(rows[0][1]), map(float, rows[0][-3:])
+    assert rows[0][0] == "0"  # physical="first": group 0's source heads
     if exact:  # float32, ridge 1e-6: ~0
         assert fit < 1e-5 and max(q, k, v) < 1e-4
     else:
@@ -125,6 +167,21 @@ def test_cli_prints_per_layer_errors_and_writes_a_checkpoint_that_samples(exact,
     with torch.no_grad():  # what sample.py prints is model.generate on the converted checkpoint
         want = model.generate(torch.tensor([encode("ROMEO:")]), 6, temperature=0)
     assert text == decode(want[0].tolist())
+
+
+def test_cli_physical_fit_lowers_the_fit_error_and_says_so(tmp_path, capsys):
+    save_source(str(tmp_path / "src"))
+    printed = {}
+    for physical in ("first", "fit"):
+        convert.main([f"--src={tmp_path / 'src'}", f"--out_dir={tmp_path / physical}", "--n_kv_head=2",
+                      "--calib_len=32", f"--physical={physical}"])
+        printed[physical] = table(capsys.readouterr().out)
+    for layer in (0, 1):
+        assert printed["first"][layer][0] == "0" and printed["fit"][layer][0] == "fitted"
+        assert float(printed["fit"][layer][1]) < float(printed["first"][layer][1])  # rms over the groups
+    ckpt = load_checkpoint(str(tmp_path / "fit" / "ckpt.pt"))
+    assert "physical Q 'fit'" in ckpt["converted_from"]["method"]
+    assert [row["physical"] for row in ckpt["converted_from"]["layers"]] == [-1, -1]
 
 
 def test_cli_calibrates_on_given_tokens_and_converts_to_pooled_gqa(tmp_path, capsys):
@@ -145,8 +202,9 @@ def test_cli_calibrates_on_given_tokens_and_converts_to_pooled_gqa(tmp_path, cap
     (["--src_kind=vha"], "the source is VHA: fold it into plain GQA first"),
     (["--src_kind=mla"], "the source is attn='mla'"),
     (["--calib=/no/such.bin"], "--calib=/no/such.bin: no such file"),
+    (["--physical=group1"], "physical must be one of first, best, fit, got 'group1'"),
     (["--src=/no/such/dir/ckpt.pt"], "checkpoint /no/such/dir/ckpt.pt not found"),
-], ids=["not_a_divisor", "bad_target", "vha_source", "mla_source", "missing_calib", "missing_src"])
+], ids=["not_a_divisor", "bad_target", "vha_source", "mla_source", "missing_calib", "bad_physical", "missing_src"])
 def test_refusals_write_nothing(argv, message, tmp_path):
     kind = next((a.split("=")[1] for a in argv if a.startswith("--src_kind")), "gqa")
     model = make(dtype=torch.float32, vocab_size=40, attn=kind, n_head=8, n_kv_head=8 if kind == "mla" else 4,
@@ -224,5 +282,5 @@ def test_activation_fit_is_the_identity_metric_fit_and_wins_on_its_own_queries()
     with torch.no_grad():
         assert prenorm_q_error(P_act) < 0.95 * prenorm_q_error(P_w)  # least squares on exactly these queries
     exact = source_gqa(exact=True)
-    converted, fits = convert.convert(exact, "vha", 2, 0.0, grams=convert.input_grams(exact, tokens))
+    converted, fits, _ = convert.convert(exact, "vha", 2, 0.0, grams=convert.input_grams(exact, tokens))
     assert logit_gap(exact, converted.eval()) <= 1e-10
