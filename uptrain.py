@@ -3,15 +3,17 @@ The conversion comparison at demo scale: from a trained GQA model with 4x the ca
 smaller-cache model is better after a short warm-up, VHA (convert.py's premix fit) or GQA uptraining (mean-pooled
 KV heads), and does the warmed VHA reach a VHA trained from scratch on the full budget?
 
-    python uptrain.py --jobs=2 --threads=1   # the comparison: teacher 1200 iters, 6 warm-ups x 5 seeds (120 iters; the
-                                             # two *_long 600), 4 scratch baselines x 5 seeds
+    python uptrain.py --jobs=2 --threads=1   # the comparison: teacher 1200 iters, 9 warm-ups x 5 seeds (120 iters; the
+                                             # three *_long 600), 4 scratch baselines x 5 seeds
+    python uptrain.py --variants=vha_warm,vha_warm_kd,vha_fit_warm_kd   # only these runs (and the teacher's evals)
     python uptrain.py --quick         # teacher 300 iters, 2 seeds, context 128: a pipeline check
     python uptrain.py --smoke         # a tiny model, 30 teacher iters, 2 seeds: the test's pipeline
     python uptrain.py report          # rebuild report.md and results.json from the finished runs
 
 The pipeline (every run resumes and is skipped once done, experiments.py):
   1. teacher: config/vha_small.py + config/ablations/gqa_4x_cache.py (GQA 8Q/8KV), teacher_iters iterations
-  2. convert.py the teacher to VHA (4 physical -> 8 virtual query heads over 2 KV heads) and to GQA 8Q/2KV by mean
+  2. convert.py the teacher to VHA (4 physical -> 8 virtual query heads over 2 KV heads; vha: the physical heads are
+     the teacher's group 0, vha_fit: fitted with premix, convert.py --physical=fit) and to GQA 8Q/2KV by mean
      pooling: the same deployed shape, a 4x smaller cache
   3. warm-up each for warmup_frac of the teacher's iterations, with and without distillation, seeds seed ..
      seed+n_seeds-1. From a checkpoint the seed changes only the batches (train.py's rng) and the eval batches, so
@@ -32,8 +34,8 @@ import time
 
 import torch
 
-from nanovha.experiments import (fmt, fmt_paired, load_results, paired, parse_command, read_json, run_all, run_script,
-                                 same_run, t_crit, train, write_json)
+from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, read_json,
+                                 run_all, run_script, same_run, t_crit, train, write_json)
 
 # -----------------------------------------------------------------------------
 DEFAULTS = dict(
@@ -42,6 +44,7 @@ DEFAULTS = dict(
     dataset="shakespeare_char", data_dir="",  # data_dir: any folder with train.bin/val.bin/meta.pkl
     teacher_iters=1200, teacher_seed=1337,  # the demo's budget; the teacher's seed is not one of the warm-up seeds
     seed=0, n_seeds=5,  # warm-up and scratch seeds seed .. seed+n_seeds-1
+    variants="all",  # or a comma list of VARIANTS: the runs to make (teacher_eval always)
     # warm-up iters = warmup_frac * teacher_iters; the first freeze_frac of them frozen
     warmup_frac=0.1, freeze_frac=0.25,
     long_warmup_frac=0.5,  # the *_long warm-ups (distilled): how far a longer warm-up closes the gap to the scratch VHA
@@ -62,10 +65,15 @@ SIZES = {
                   uptrain_warmup_iters=3, jobs=2, threads=1),
     "full": {},
 }
+CONVERSIONS = {  # converted/<name>/: convert.py's arguments (besides --src, --out_dir and --n_kv_head=2)
+    "vha": ["--to=vha"],  # the physical query heads are the teacher's group 0
+    "vha_fit": ["--to=vha", "--physical=fit"],  # physical heads and premix fitted together (convert.py)
+    "gqa": ["--to=gqa"]}
 WARM = {  # variant: (converted model, distill, long warm-up?)
     "vha_warm": ("vha", False, False), "vha_warm_kd": ("vha", True, False), "gqa_uptrain": ("gqa", False, False),
     "gqa_uptrain_kd": ("gqa", True, False), "vha_warm_kd_long": ("vha", True, True),
-    "gqa_uptrain_kd_long": ("gqa", True, True)}
+    "gqa_uptrain_kd_long": ("gqa", True, True), "vha_fit_warm": ("vha_fit", False, False),
+    "vha_fit_warm_kd": ("vha_fit", True, False), "vha_fit_warm_kd_long": ("vha_fit", True, True)}
 # 8Q/2KV both
 VHA_FILES, GQA_FILES = ["config/vha_small.py"], ["config/vha_small.py", "config/ablations/gqa_same_deploy.py"]
 SCRATCH = {  # variant: (config files, full budget? else the warm-up's)
@@ -92,6 +100,15 @@ COMPARISONS = [
     ("vha_warm_kd_long", "gqa_uptrain_kd_long", "long warm-up, distillation: VHA vs GQA uptraining", "val_loss"),
     ("vha_warm_kd_long", "vha_scratch_full",
      "TARGET, long warm-up: VHA warm vs VHA scratch (full budget), distillation", "val_loss"),
+    ("vha_fit_warm", "vha_warm", "before warm-up: physical Q heads fitted vs the teacher's group 0", "val_before"),
+    ("vha_fit_warm", "vha_warm", "after warm-up, no distillation: physical Q heads fitted vs group 0", "val_loss"),
+    ("vha_fit_warm_kd", "vha_warm_kd", "after warm-up, distillation: physical Q heads fitted vs group 0", "val_loss"),
+    ("vha_fit_warm_kd_long", "vha_warm_kd_long", "long warm-up, distillation: physical Q heads fitted vs group 0",
+     "val_loss"),
+    ("vha_fit_warm_kd", "gqa_uptrain_kd", "after warm-up, distillation: VHA (fitted heads) vs GQA uptraining",
+     "val_loss"),
+    ("vha_fit_warm_kd_long", "gqa_uptrain_kd_long", "long warm-up, distillation: VHA (fitted heads) vs GQA uptraining",
+     "val_loss"),
 ]
 # -----------------------------------------------------------------------------
 
@@ -99,6 +116,9 @@ COMPARISONS = [
 def parse_args(argv):
     """[command] [--smoke|--quick|--full] [--key=value ...] -> (command, config with the derived budgets)."""
     command, cfg = parse_command(argv, ("run", "report"), DEFAULTS, SIZES)
+    # the teacher's eval on each seed's batches always runs: every gap to the teacher needs it
+    cfg["variant_list"] = ["teacher_eval"] + [v for v in choose_variants(cfg["variants"], VARIANTS)
+                                              if v != "teacher_eval"]
     if min(cfg["n_seeds"], cfg["jobs"], cfg["teacher_iters"], cfg["evals"]) < 1:
         sys.exit("error: n_seeds, jobs, teacher_iters and evals must be >= 1")
     if not (0 < cfg["warmup_frac"] <= 1 and 0 <= cfg["freeze_frac"] <= 1):
@@ -175,18 +195,18 @@ def train_teacher(cfg):
           f"{evals[-1]['val_loss']:.4f}", flush=True)
 
 
-def convert_teacher(cfg, to):
-    """convert.py the teacher to `to` ('vha' or 'gqa') with 2 KV heads, once: skipped when done with the same argv."""
-    out = os.path.join(cfg["root"], "converted", to)
-    args = [f"--src={cfg['teacher_ckpt']}", f"--out_dir={out}", f"--to={to}", "--n_kv_head=2"]
+def convert_teacher(cfg, name):
+    """convert.py the teacher to CONVERSIONS[name] with 2 KV heads, once: skipped when done with the same argv."""
+    out = os.path.join(cfg["root"], "converted", name)
+    args = [f"--src={cfg['teacher_ckpt']}", f"--out_dir={out}", *CONVERSIONS[name], "--n_kv_head=2"]
     record = os.path.join(out, "convert.json")
     if os.path.exists(record) and os.path.exists(os.path.join(out, "ckpt.pt")) and same_run(read_json(record), args):
-        print(f"convert to {to}: done before, skipped")
+        print(f"convert to {name}: done before, skipped")
         return
     os.makedirs(out, exist_ok=True)
     run_script(cfg, out, "convert.py", args)
     write_json(record, args)  # written last: a conversion cut short is done again
-    print(f"convert to {to}: done (per-layer errors in {out}/convert.out)", flush=True)
+    print(f"convert to {name}: done (per-layer errors in {out}/convert.out)", flush=True)
 
 
 def run_path(cfg, variant, seed):
@@ -229,17 +249,20 @@ def run_one(cfg, job):
 
 def cmd_run(cfg):
     seeds = [cfg["seed"] + i for i in range(cfg["n_seeds"])]
-    jobs = [(v, s) for s in seeds for v in VARIANTS]
+    chosen = cfg["variant_list"]
+    jobs = [(v, s) for s in seeds for v in chosen]
     print(f"conversion comparison ({cfg['size']}): teacher {cfg['teacher_iters']} iters, warm-ups {cfg['warm_iters']} "
           f"iters ({cfg['freeze_iters']} frozen; *_long: {cfg['long_warm_iters']}, {cfg['long_freeze_iters']} frozen), "
-          f"{len(VARIANTS)} run kinds x {len(seeds)} seeds; results in {cfg['root']}", flush=True)
+          f"{len(chosen)} run kinds x {len(seeds)} seeds; results in {cfg['root']}", flush=True)
     if cfg["size"] != "full":
         print(f"note: --{cfg['size']} is a reduced comparison, a check of the pipeline, not the result")
     train_teacher(cfg)
-    for to in ("vha", "gqa"):
-        convert_teacher(cfg, to)
+    for name in CONVERSIONS:
+        if any(WARM[v][0] == name for v in chosen if v in WARM):
+            convert_teacher(cfg, name)
     run_all(cfg, jobs, lambda job: run_one(cfg, job), lambda job: f"{job[0]} seed {job[1]}")
-    fold_and_export(cfg)
+    if "vha_warm_kd" in chosen:
+        fold_and_export(cfg)
     cmd_report(cfg)
 
 
@@ -310,7 +333,8 @@ def cmd_report(cfg):
                       "anything.**"]
     lines += ["", "## Val loss per variant (mean ± SD over seeds)", ""] + variant_lines(R, cfg)
     lines += ["", "## Paired differences (Δ = first - second, per seed; mean ± SE)", "",
-              "| comparison | first | second | metric | Δ (mean ± SE, |t|, n) | verdict |", "|---|---|---|---|---|---|"]
+              "| comparison | first | second | metric | Δ (mean ± SE, |t|, n) | verdict |",
+              "|---|---|---|---|---|---|"]
     lines += [f"| {c['what']} | {c['first']} | {c['second']} | {c['metric']} | "
               f"{fmt_paired(c['n'], c['mean'], c['se'], c['t'], c['resolved'])} | {verdict(c)} |" for c in comps]
     n = cfg["n_seeds"]

@@ -64,7 +64,8 @@ def test_second_invocation_skips_every_finished_run(smoke):
                + [root / "teacher" / "ckpt.pt"])
     before = {p: os.path.getmtime(p) for p in results}
     out = run("uptrain.py", *args).stdout
-    assert out.count("done before, skipped") == len(uptrain.VARIANTS) * 2 + 2  # every run and both conversions
+    # every run and the three conversions
+    assert out.count("done before, skipped") == len(uptrain.VARIANTS) * 2 + len(uptrain.CONVERSIONS)
     assert "teacher (GQA 8Q/8KV, 30 iters): trained before" in out
     assert {p: os.path.getmtime(p) for p in results} == before
 
@@ -87,8 +88,18 @@ def test_budgets_and_warm_up_argv():
             and "--distill_alpha=0.7" in long)
     assert [a for a in long if a.startswith(("--learning_rate", "--min_lr", "--warmup_iters"))] == [
         a for a in warm if a.startswith(("--learning_rate", "--min_lr", "--warmup_iters"))]  # only the length differs
+    fitted = uptrain.run_args(cfg, "vha_fit_warm_kd", 3, "/tmp/x")  # the other conversion, the same schedule
+    assert fitted[0].endswith(os.path.join("converted", "vha_fit", "ckpt.pt")) and fitted[1:] == warm[1:]
+    assert uptrain.CONVERSIONS["vha_fit"] == ["--to=vha", "--physical=fit"]
     scratch = uptrain.run_args(cfg, "gqa_scratch_short", 3, "/tmp/x")
     assert (scratch[:2] == ["config/vha_small.py", "config/ablations/gqa_same_deploy.py"]
             and "--max_iters=120" in scratch)
     with pytest.raises(SystemExit, match="uptrain_warmup_iters"):
         uptrain.parse_args(["--teacher_iters=50"])
+
+
+def test_variants_choose_the_runs_and_the_teacher_eval_always_runs():
+    _, cfg = uptrain.parse_args(["--variants=vha_fit_warm_kd,vha_warm_kd"])
+    assert cfg["variant_list"] == ["teacher_eval", "vha_warm_kd", "vha_fit_warm_kd"]  # in VARIANTS' order
+    with pytest.raises(SystemExit, match="unknown variant"):
+        uptrain.parse_args(["--variants=vha_warm,vha_best"])
