@@ -153,9 +153,11 @@ def paired(a, b):
     if n < 2:
         return n, float(d.mean()) if n else math.nan, math.nan, math.nan, False
     mean, se = float(d.mean()), float(d.std(ddof=1) / math.sqrt(n))
-    if se <= 1e-12 * max(1.0, abs(mean)):  # every seed the same difference (up to rounding): an exact sign test
-        # all n same sign: needs n >= 6
-        return n, mean, se, (math.inf if mean else 0.0), mean != 0 and 2 * 0.5 ** n < 0.05
+    rounding = 1e-12 * max(1.0, *(abs(v) for v in (*a.values(), *b.values())))  # what float rounding leaves
+    if se <= rounding:  # every seed the same difference (up to rounding): an exact sign test
+        if abs(mean) <= rounding:  # no difference at all, up to rounding
+            return n, 0.0, se, 0.0, False
+        return n, mean, se, math.inf, 2 * 0.5 ** n < 0.05  # all n the same sign: needs n >= 6
     t = abs(mean) / se
     return n, mean, se, t, t > t_crit(n - 1)
 

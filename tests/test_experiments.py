@@ -79,3 +79,7 @@ def test_zero_spread_tolerates_rounding():
     resolved)."""
     n, mean, se, t, resolved = experiments.paired({0: 0.3, 1: 0.5}, {0: 0.1, 1: 0.3})
     assert t == math.inf and not resolved
+    # differences of differences that are zero up to rounding (0.41 - 0.4 vs 0.51 - 0.5): no difference, t = 0
+    d = [0.41 - 0.4 - (0.51 - 0.5)] * 6
+    assert d[0] != 0 and experiments.paired(dict(enumerate(d)), dict.fromkeys(range(6), 0.0)) == (6, 0.0, 0.0, 0.0,
+                                                                                                  False)
