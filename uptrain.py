@@ -34,8 +34,8 @@ import time
 
 import torch
 
-from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, read_json,
-                                 run_all, run_script, same_run, t_crit, train, write_json)
+from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, parse_primary,
+                                 primary_lines, read_json, run_all, run_script, same_run, t_crit, train, write_json)
 
 # -----------------------------------------------------------------------------
 DEFAULTS = dict(
@@ -45,6 +45,7 @@ DEFAULTS = dict(
     teacher_iters=1200, teacher_seed=1337,  # the demo's budget; the teacher's seed is not one of the warm-up seeds
     seed=0, n_seeds=5,  # warm-up and scratch seeds seed .. seed+n_seeds-1
     variants="all",  # or a comma list of VARIANTS: the runs to make (teacher_eval always)
+    primary="",  # a plan's comparisons, e.g. "vha_fit_warm_kd-vha_warm_kd": val loss, Holm-corrected over these
     # warm-up iters = warmup_frac * teacher_iters; the first freeze_frac of them frozen
     warmup_frac=0.1, freeze_frac=0.25,
     long_warmup_frac=0.5,  # the *_long warm-ups (distilled): how far a longer warm-up closes the gap to the scratch VHA
@@ -119,6 +120,7 @@ def parse_args(argv):
     # the teacher's eval on each seed's batches always runs: every gap to the teacher needs it
     cfg["variant_list"] = ["teacher_eval"] + [v for v in choose_variants(cfg["variants"], VARIANTS)
                                               if v != "teacher_eval"]
+    cfg["primary_list"] = parse_primary(cfg["primary"], cfg["variant_list"])
     if min(cfg["n_seeds"], cfg["jobs"], cfg["teacher_iters"], cfg["evals"]) < 1:
         sys.exit("error: n_seeds, jobs, teacher_iters and evals must be >= 1")
     if not (0 < cfg["warmup_frac"] <= 1 and 0 <= cfg["freeze_frac"] <= 1):
@@ -332,7 +334,11 @@ def cmd_report(cfg):
         lines += ["", f"**Reduced comparison (--{cfg['size']}): a check of the pipeline, too small to conclude "
                       "anything.**"]
     lines += ["", "## Val loss per variant (mean ± SD over seeds)", ""] + variant_lines(R, cfg)
-    lines += ["", "## Paired differences (Δ = first - second, per seed; mean ± SE)", "",
+    if cfg["primary_list"]:
+        lines += [""] + primary_lines({pair: tuple({s: r["val_loss"] for s, r in R.get(v, {}).items()} for v in pair)
+                                       for pair in cfg["primary_list"]}, "val loss")
+    lines += ["", "## Paired differences (Δ = first - second, per seed; mean ± SE)"
+              + (", exploratory: each test on its own, the primary ones above" if cfg["primary_list"] else ""), "",
               "| comparison | first | second | metric | Δ (mean ± SE, |t|, n) | verdict |",
               "|---|---|---|---|---|---|"]
     lines += [f"| {c['what']} | {c['first']} | {c['second']} | {c['metric']} | "

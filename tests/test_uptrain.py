@@ -1,6 +1,7 @@
 """uptrain.py (the conversion comparison): the smoke pipeline runs end to end (teacher, both conversions, warm-ups
 with and without distillation, scratch baselines, the fold and export of the warmed VHA), the report has every row,
 a second invocation skips every finished run, and the paired differences in results.json are the hand-computed ones."""
+import json
 import math
 import os
 
@@ -9,6 +10,7 @@ import pytest
 
 import uptrain
 from conftest import run
+from nanovha import experiments
 from nanovha.experiments import read_json
 
 
@@ -103,3 +105,30 @@ def test_variants_choose_the_runs_and_the_teacher_eval_always_runs():
     assert cfg["variant_list"] == ["teacher_eval", "vha_warm_kd", "vha_fit_warm_kd"]  # in VARIANTS' order
     with pytest.raises(SystemExit, match="unknown variant"):
         uptrain.parse_args(["--variants=vha_warm,vha_best"])
+
+
+def test_the_primary_comparisons_are_holm_corrected(tmp_path):
+    """Constructed val losses, 5 seeds: fitted - group 0 = -0.01 + noise at 10% (t = 14.1) and +0.001 + noise at 50%
+    (t = 1.41): p from experiments.t_p_value, Holm over the two rejects the first only; the table below is
+    exploratory."""
+    noise = [0.002, -0.002, 0.001, -0.001, 0.0]  # mean 0, sd 0.00158
+    losses = {"teacher_eval": [1.5] * 5, "vha_warm_kd": [1.70] * 5, "vha_fit_warm_kd": [1.69 + e for e in noise],
+              "vha_warm_kd_long": [1.55] * 5, "vha_fit_warm_kd_long": [1.551 + e for e in noise]}
+    for variant, values in losses.items():
+        for seed, loss in enumerate(values):
+            folder = tmp_path / "runs" / variant / f"seed{seed}"
+            folder.mkdir(parents=True)
+            (folder / "result.json").write_text(json.dumps({"variant": variant, "seed": seed, "args": [], "iters": 1,
+                                                            "val_before": 3.0, "val_loss": loss}))
+    _, cfg = uptrain.parse_args(["report", f"--out_root={tmp_path}",
+                                 "--primary=vha_fit_warm_kd-vha_warm_kd,vha_fit_warm_kd_long-vha_warm_kd_long"])
+    uptrain.cmd_report(cfg)
+    report = (tmp_path / "report.md").read_text()
+    rows = {line.split(" | ")[0]: line for line in report.splitlines() if line.startswith("| vha_fit")}
+    se = 0.0015811 / 5 ** 0.5
+    p_long = experiments.t_p_value(0.001 / se, 4)
+    assert rows["| vha_fit_warm_kd - vha_warm_kd"].endswith("| rejected |")
+    assert rows["| vha_fit_warm_kd_long - vha_warm_kd_long"].endswith(f"| {p_long:.2g} | not rejected |")
+    assert "| -0.0100 ± 0.0007 (14.1 SE, n=5) |" in rows["| vha_fit_warm_kd - vha_warm_kd"]
+    assert "exploratory: each test on its own" in report
+    assert report.index("## Primary comparisons (Holm-corrected)") < report.index("## Paired differences")
