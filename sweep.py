@@ -43,7 +43,7 @@ DEFAULTS = dict(
     sweep_variants="all",  # or a comma list of SWEEP_VARIANTS
     task_args="",  # task knobs for every point, e.g. "n_pairs=16,gap=0" (data/recall/tasks.py DEFAULTS)
     points="n_keys=64,n_values=64;n_keys=128,n_values=128",  # ';' between points; a point may also set n_head, head_dim
-    sweep_iters=1500, curriculum_iters=750, sweep_batch_size=32, sweep_eval_interval=25, n_val=512,
+    sweep_iters=1500, curriculum_iters=750, sweep_batch_size=64, sweep_eval_interval=25, n_val=512,
     stop_at_acc=0.99,  # a run stops at its first eval with this held-out accuracy; its curve stays there afterwards
     sweep_model_args="",  # extra train.py overrides for every sweep run
     success=0.9,  # a run "succeeds" when its final held-out accuracy reaches this
@@ -303,6 +303,33 @@ def paired_section(at, points, th, primary):
     return lines
 
 
+def change_section(at, points):
+    """How each comparison's AUC difference changes from the first point to each other one, paired over the seeds
+    that ran all four cells: (a - b at point k) - (a - b at the first point). Exploratory (not planned here)."""
+    lines = ["## How each comparison changes between points (exploratory)", "",
+             f"Δ AUC (points) of first minus second at each point, and its change from {points[0]}: "
+             "(Δ at the point) - (Δ at the first point) per seed, mean ± SE over the seeds that ran both variants "
+             "at both points. **Bold**: a paired t-test rejects 'no change' at 5%, uncorrected.", "",
+             "| comparison | point | Δ AUC there | Δ AUC at the first point | change |", "|---|---|---|---|---|"]
+    for a, b in COMPARISONS:
+        for p in points[1:]:
+            cells = [at(q, v) for q in (p, points[0]) for v in (a, b)]
+            seeds = sorted(set.intersection(*(set(c) for c in cells)))
+            if len(seeds) < 2:
+                continue
+            there, first = ({s: A[s]["auc"] - B[s]["auc"] for s in seeds} for A, B in (cells[:2], cells[2:]))
+            change, _ = paired_line({s: {"d": there[s]} for s in seeds}, {s: {"d": first[s]} for s in seeds},
+                                    "d", 100, 1)
+            lines.append(f"| {a} vs {b} | {p} | {signed(there.values())} | {signed(first.values())} | {change} |")
+    return lines + [""]
+
+
+def signed(values):
+    """'+mean ± SE' in points of a list of fractions."""
+    values = list(values)
+    return f"{np.mean(values) * 100:+.1f} ± {np.std(values, ddof=1) / np.sqrt(len(values)) * 100:.1f}"
+
+
 def success_rate(runs, th):
     """'k/n (lo-hi%)': runs reaching th, with the exact (Clopper-Pearson) 95% interval of the rate."""
     k, n = sum(r["acc"] >= th for r in runs), len(runs)
@@ -349,6 +376,8 @@ def cmd_report(cfg):
     if cfg["primary_list"]:
         lines += primary_section(at, points[0], cfg["primary_list"])
     lines += paired_section(at, points, th, cfg["primary_list"])
+    if len(points) > 1:
+        lines += [""] + change_section(at, points)
     folds = [r for r in rows if "acc_folded" in r]
     if folds:
         gap = max(abs(r["acc_folded"] - r["acc_unfolded"]) for r in folds)

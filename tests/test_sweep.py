@@ -155,6 +155,26 @@ def test_the_primary_comparisons_are_holm_corrected_and_the_rest_marked_explorat
         sweep.parse_args(["report", "--sweep_variants=mha,gqa2", "--primary=vha-gqa2"])
 
 
+def test_the_change_between_points_is_a_paired_difference_of_differences(tmp_path, monkeypatch):
+    """Constructed AUCs, 4 seeds: at the short point mha - gqa2 = 0.02 every seed; at the long one 0.02 + 0.05 +
+    noise, so the change is +5.0 points with SE from the noise alone; vha - gqa2 does not change (+0.0)."""
+    noise = [0.01, -0.01, 0.005, -0.005]  # mean 0, sd 0.00913
+    short, long = "n_keys=64,n_values=64", "n_keys=64,n_values=64,gap=8"
+    write_runs(tmp_path, {"mha": [0.52] * 4, "gqa2": [0.5] * 4, "vha": [0.51] * 4}, point=short)
+    write_runs(tmp_path, {"mha": [0.47 + e for e in noise], "gqa2": [0.4] * 4, "vha": [0.41] * 4}, point=long)
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
+    _, cfg = sweep.parse_args(["report", f"--sweep_root={tmp_path}", f"--points={short};{long}",
+                               "--sweep_variants=mha,gqa2,vha"])
+    sweep.cmd_report(cfg)
+    report = (tmp_path / "sweep.md").read_text()
+    section = report[report.index("## How each comparison changes between points (exploratory)"):]
+    rows = {line.split(" | ")[0]: line for line in section.splitlines() if line.startswith("| ")}
+    se = 0.0091287 / 2  # sd / sqrt(4)
+    assert f"| **+5.0 ± {se * 100:.1f} ({0.05 / se:.1f} SE, n=4)** |" in rows["| mha vs gqa2"]
+    assert "| +7.0 ± 0.5 | +2.0 ± 0.0 |" in rows["| mha vs gqa2"]  # Δ there, Δ at the first point
+    assert "| +0.0 ± 0.0 (0.0 SE, n=4) |" in rows["| vha vs gqa2"]
+
+
 def test_bad_input_is_a_one_line_error():
     with pytest.raises(SystemExit, match="unknown variant"):
         sweep.parse_args(["--sweep_variants=mha,gqa3"])
@@ -175,7 +195,7 @@ def test_bad_input_is_a_one_line_error():
 def test_the_recipe_learns_where_the_old_ramp_stalled(tmp_path):
     """GQA-2, seed 100, 128 keys: with every row at the ramp's rounded level (the old recipe) it stayed at 9.4%
     held-out through step 1300; with the mix curriculum of config/recall_mqar.py it reaches 90% before the
-    curriculum ends (step 750). About 30 s at one thread."""
+    curriculum ends (step 750). About a minute at one thread."""
     data = tmp_path / "data"
     run("data/recall/prepare.py", "--n_keys=128", "--n_values=128", "--n_val=512", f"--out_dir={data}")
     run("train.py", "config/recall_mqar.py", f"--data_dir={data}", f"--out_dir={tmp_path / 'out'}", "--seed=100",
