@@ -20,6 +20,8 @@ MLPs, W_o, lm_head) is copied. In float64, cast back:
                               = (B B^T + lam I)^{-1} B A^T   with B = [B_0 .. B_{H_p-1}], A likewise (d x H_p*D)
                          --premix_fit=activations: the queries on calibration inputs X instead, C = X^T X:
                          P[g] = (sum_h B_h C B_h^T + lam I)^{-1} sum_h B_h C A_h^T
+                         --physical=best: B from the source group that reconstructs the others best;
+                         --physical=fit: B and P fitted together (fit_premix)
                          postmix M = I + V U^T at the identity (V = 0, U ~ N(0, 0.01)); W_o inherited
     GQA target:          W_q unchanged (every source query head kept)
 
@@ -64,8 +66,7 @@ device = "cpu"
 overwrite = False  # True: replace an existing out_dir/out_name (never the source or the calibration file)
 defaults = flat_defaults(globals())
 LIMITS = {"n_kv_head": ">= 1", "premix_fit": ("weights", "activations"), "physical": ("first", "best", "fit"),
-          "ridge": ">= 0",
-          "postmix_rank": ">= 0", "calib_batches": ">= 1", "batch_size": ">= 1", "calib_len": ">= 2"}
+          "ridge": ">= 0", "postmix_rank": ">= 0", "calib_batches": ">= 1", "batch_size": ">= 1", "calib_len": ">= 2"}
 # -----------------------------------------------------------------------------
 
 
