@@ -56,7 +56,9 @@ def solve(x, spec):
 
 
 SPECS = [tasks.make_spec("mqar", n_pairs=8, n_keys=32, n_values=16, gap=5), tasks.make_spec("mqar"),
-         tasks.make_spec("vt", n_chains=3, n_hops=5, gap=4), tasks.make_spec("passkey", length=60, n_digits=3)]
+         tasks.make_spec("vt", n_chains=3, n_hops=5, gap=4), tasks.make_spec("passkey", length=60, n_digits=3),
+         tasks.make_spec("mqar", n_pairs=6, n_keys=32, n_values=16, gap=12, gap_start=0),
+         tasks.make_spec("vt", n_chains=2, n_hops=3, gap=9, gap_start=2)]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s["task"])
@@ -110,6 +112,38 @@ def test_curriculum_modes_floor_and_mix():
     assert x.shape == (512, tasks.row_length(s)) and pairs.min() == 2 and pairs.max() == 16 and len(set(pairs)) == 15
     for row, p in zip(x[:50], pairs[:50]):  # every row is a whole mqar row of its level, then padding
         assert row[2 * p] == tasks.SEP and (row[3 * p + 1:] == tasks.PAD).all()
+
+
+def test_the_gap_ramps_short_first():
+    """gap_start < gap: the filler between story and queries grows on the curriculum's schedule; in "ramp" every
+    row has the ramp's gap, in "mix" each row's is drawn up to it; at the end (and for the held-out rows) the rows
+    are those of the fixed gap, and a spec written before the knob existed keeps the full gap."""
+    s = tasks.make_spec("mqar", n_pairs=4, n_keys=16, n_values=16, gap=40, gap_start=0)
+    fixed = tasks.make_spec("mqar", n_pairs=4, n_keys=16, n_values=16, gap=40)
+    assert fixed["gap_start"] == 40 and [tasks.gap_level(s, f) for f in (0, 0.5, 1, 2)] == [0, 20, 40, 40]
+    assert tasks.gap_level(s, 0.999) == 40 and tasks.gap_level(s, 0.999, "floor") == 39
+    sep = lambda x: (x == tasks.SEP).argmax(1)  # the SEP after the story (2P tokens) and the gap
+    for frac in (0.0, 0.5):
+        x, _ = tasks.batch(s, 16, np.random.default_rng(3), frac)
+        assert (sep(x) == 2 * tasks.level(s, frac) + tasks.gap_level(s, frac)).all()
+    x, y = tasks.batch(s, 512, np.random.default_rng(3), 1.0, "mix")
+    gaps = sep(x) - 2 * (y >= 0).sum(1)
+    assert gaps.min() == 0 and gaps.max() == 40 and len(set(gaps)) > 30
+    assert all(list(row_y) == solve(row_x, s) for row_x, row_y in zip(x, y))
+    at_end, rows_fixed = tasks.batch(s, 32, np.random.default_rng(3), 1.0), tasks.batch(fixed, 32, np.random.default_rng(3))
+    assert all(np.array_equal(a, b) for a, b in zip(at_end, rows_fixed))
+    old = {k: v for k, v in fixed.items() if k != "gap_start"}
+    assert tasks.gap_level(old, 0.0) == 40 and np.array_equal(tasks.eval_rows(old, 8)[0], tasks.eval_rows(s, 8)[0])
+
+
+@pytest.mark.parametrize("knobs, problem", [
+    (dict(gap=8, gap_start=9), "0 <= gap_start <= gap"),
+    (dict(gap=8, gap_start=-1), "0 <= gap_start <= gap"),
+    (dict(gap_start=1), "0 <= gap_start <= gap"),
+])
+def test_a_bad_gap_start_is_refused(knobs, problem):
+    with pytest.raises(ValueError, match=problem):
+        tasks.make_spec("mqar", **knobs)
 
 
 def test_held_out_rows_are_their_own_stream_and_score_right():

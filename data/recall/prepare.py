@@ -19,7 +19,8 @@ def main():
     knobs = sorted({k for d in tasks.DEFAULTS.values() for k in d})
     for k in knobs:
         parser.add_argument(f"--{k}", type=int,
-                            help="default: " + ", ".join(f"{t} {d[k]}" for t, d in tasks.DEFAULTS.items() if k in d))
+                            help="default: " + ", ".join(f"{t} {'as gap' if d[k] is None else d[k]}"
+                                                         for t, d in tasks.DEFAULTS.items() if k in d))
     args = parser.parse_args()
     given = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
     try:

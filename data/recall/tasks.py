@@ -19,16 +19,18 @@ Vocabulary: PAD, SEP, NEEDLE, then 16 filler tokens, n_keys key tokens, n_values
 
 Keys are distinct within a row, values are drawn with replacement. The curriculum knob of each task
 (CURRICULUM) ramps from the spec's `curriculum_start` to its full value as training progresses: the
-number of pairs (mqar), the chain length (vt) or the context length (passkey).
+number of pairs (mqar), the chain length (vt) or the context length (passkey). With `gap_start` below
+`gap`, the gap ramps too, from `gap_start` to `gap` on the same schedule: short gaps first.
 """
 import numpy as np
 
 PAD, SEP, NEEDLE, N_SPECIAL, N_FILLER = 0, 1, 2, 3, 16
 TASKS = ("mqar", "vt", "passkey")
-# each task's knobs and their defaults; `gap`: filler tokens between the story and the queries
+# each task's knobs and their defaults; `gap`: filler tokens between the story and the queries, `gap_start`: the
+# gap the curriculum starts from (None: the full gap from the first step)
 DEFAULTS = {
-    "mqar": dict(n_pairs=16, n_keys=128, n_values=128, gap=0, curriculum_start=2),
-    "vt": dict(n_chains=2, n_hops=4, n_keys=128, n_values=128, gap=0, curriculum_start=1),
+    "mqar": dict(n_pairs=16, n_keys=128, n_values=128, gap=0, gap_start=None, curriculum_start=2),
+    "vt": dict(n_chains=2, n_hops=4, n_keys=128, n_values=128, gap=0, gap_start=None, curriculum_start=1),
     "passkey": dict(length=128, n_digits=4, n_keys=1, n_values=10, curriculum_start=16),
 }
 CURRICULUM = {"mqar": "n_pairs", "vt": "n_hops", "passkey": "length"}  # the knob the curriculum ramps
@@ -43,6 +45,8 @@ def make_spec(task, **knobs):
     if unknown:
         raise ValueError(f"{task} has no knob {', '.join(sorted(unknown))}; its knobs: {', '.join(DEFAULTS[task])}")
     spec = dict(DEFAULTS[task], **knobs, task=task)
+    if "gap" in spec and spec["gap_start"] is None:
+        spec["gap_start"] = spec["gap"]
     full, start = spec[CURRICULUM[task]], spec["curriculum_start"]
     low = {"n_pairs": 1, "n_hops": 1, "length": 2 * spec.get("n_digits", 0) + 3}[CURRICULUM[task]]
     if not low <= start <= full:
@@ -52,8 +56,10 @@ def make_spec(task, **knobs):
     if task == "vt" and (spec["n_chains"] * spec["n_hops"] > spec["n_keys"] or spec["n_chains"] > spec["n_values"]):
         raise ValueError(f"vt: {spec['n_chains']} chains x {spec['n_hops']} hops need that many distinct key tokens "
                          f"(n_keys={spec['n_keys']}) and n_chains <= n_values={spec['n_values']}")
-    if min(v for k, v in spec.items() if k != "task" and k != "gap") < 1 or spec.get("gap", 0) < 0:
+    if min(v for k, v in spec.items() if k not in ("task", "gap", "gap_start")) < 1 or spec.get("gap", 0) < 0:
         raise ValueError(f"{task}: every knob must be >= 1 (gap >= 0), got {spec}")
+    if "gap" in spec and not 0 <= spec["gap_start"] <= spec["gap"]:
+        raise ValueError(f"{task}: need 0 <= gap_start <= gap ({spec['gap']}), got {spec['gap_start']}")
     return spec
 
 
@@ -80,13 +86,22 @@ def row_length(spec):
 CURRICULUM_MODES = ("ramp", "floor", "mix", "mix_floor")
 
 
-def level(spec, frac, mode="ramp"):
-    """The curriculum knob's value at training progress frac in [0, 1]: linear from curriculum_start, rounded
-    (mode "ramp", and "mix", whose rows then range up to it) or rounded down ("floor", "mix_floor": each level
-    is reached later)."""
-    start, full = spec["curriculum_start"], spec[CURRICULUM[spec["task"]]]
+def ramp(start, full, frac, mode):
+    """start + frac * (full - start), frac clipped to [0, 1], rounded (modes "ramp", "mix") or rounded down
+    ("floor", "mix_floor": each value is reached later)."""
     exact = start + min(max(frac, 0.0), 1.0) * (full - start)
     return int(exact // 1 if mode.endswith("floor") else round(exact))
+
+
+def level(spec, frac, mode="ramp"):
+    """The curriculum knob's value at training progress frac in [0, 1], from curriculum_start to its full value
+    (in the "mix" modes, rows then range up to it)."""
+    return ramp(spec["curriculum_start"], spec[CURRICULUM[spec["task"]]], frac, mode)
+
+
+def gap_level(spec, frac, mode="ramp"):
+    """The gap at progress frac, from gap_start to gap (specs written before gap_start: the full gap)."""
+    return ramp(spec.get("gap_start", spec["gap"]), spec["gap"], frac, mode)
 
 
 def filler(rng, shape):
@@ -148,12 +163,18 @@ GENERATORS = {"mqar": mqar, "vt": vt, "passkey": passkey}
 def batch(spec, n, rng, frac=1.0, mode="ramp"):
     """n rows at curriculum progress frac (1 = full difficulty), padded to row_length(spec): (x, y) int64.
     mode "ramp"/"floor": every row at level(spec, frac, mode). "mix"/"mix_floor": each row's level drawn uniformly
-    from curriculum_start up to that level, so the easiest rows stay in every batch (at frac = 1 too)."""
-    knob, top = CURRICULUM[spec["task"]], level(spec, frac, mode)
-    levels = rng.integers(spec["curriculum_start"], top + 1, size=n) if mode.startswith("mix") else np.full(n, top)
+    from curriculum_start up to that level, so the easiest rows stay in every batch (at frac = 1 too). A ramped
+    gap (gap_start < gap) follows the same mode: gap_level(spec, frac, mode), or each row's drawn up to it."""
+    knob, top, mix = CURRICULUM[spec["task"]], level(spec, frac, mode), mode.startswith("mix")
+    levels = rng.integers(spec["curriculum_start"], top + 1, size=n) if mix else np.full(n, top)
+    gaps = np.full(n, spec.get("gap", 0))
+    if spec.get("gap_start", gaps[0]) < gaps[0]:  # drawn only when the gap ramps: fixed-gap rows stay as they were
+        widest = gap_level(spec, frac, mode)
+        gaps = rng.integers(spec["gap_start"], widest + 1, size=n) if mix else np.full(n, widest)
     T, xs, ys = row_length(spec), [], []
-    for lv in np.unique(levels):  # one generator call per level present, rows padded to the full length T
-        x, y = GENERATORS[spec["task"]](rng, int((levels == lv).sum()), dict(spec, **{knob: int(lv)}))
+    for lv, g in sorted(set(zip(levels.tolist(), gaps.tolist()))):  # a generator call per (level, gap), padded to T
+        at = dict(spec, **{knob: lv}, **({"gap": g} if "gap" in spec else {}))
+        x, y = GENERATORS[spec["task"]](rng, int(((levels == lv) & (gaps == g)).sum()), at)
         xs.append(np.pad(x, ((0, 0), (0, T - x.shape[1])), constant_values=PAD))
         ys.append(np.pad(y, ((0, 0), (0, T - y.shape[1])), constant_values=-1))
     return np.concatenate(xs), np.concatenate(ys)
