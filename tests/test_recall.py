@@ -130,8 +130,8 @@ def test_the_gap_ramps_short_first():
     gaps = sep(x) - 2 * (y >= 0).sum(1)
     assert gaps.min() == 0 and gaps.max() == 40 and len(set(gaps)) > 30
     assert all(list(row_y) == solve(row_x, s) for row_x, row_y in zip(x, y))
-    at_end, rows_fixed = tasks.batch(s, 32, np.random.default_rng(3), 1.0), tasks.batch(fixed, 32, np.random.default_rng(3))
-    assert all(np.array_equal(a, b) for a, b in zip(at_end, rows_fixed))
+    at_end = tasks.batch(s, 32, np.random.default_rng(3), 1.0)
+    assert all(np.array_equal(a, b) for a, b in zip(at_end, tasks.batch(fixed, 32, np.random.default_rng(3))))
     old = {k: v for k, v in fixed.items() if k != "gap_start"}
     assert tasks.gap_level(old, 0.0) == 40 and np.array_equal(tasks.eval_rows(old, 8)[0], tasks.eval_rows(s, 8)[0])
 
