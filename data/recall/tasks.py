@@ -167,8 +167,9 @@ def batch(spec, n, rng, frac=1.0, mode="ramp"):
     gap (gap_start < gap) follows the same mode: gap_level(spec, frac, mode), or each row's drawn up to it."""
     knob, top, mix = CURRICULUM[spec["task"]], level(spec, frac, mode), mode.startswith("mix")
     levels = rng.integers(spec["curriculum_start"], top + 1, size=n) if mix else np.full(n, top)
-    gaps = np.full(n, spec.get("gap", 0))
-    if spec.get("gap_start", gaps[0]) < gaps[0]:  # drawn only when the gap ramps: fixed-gap rows stay as they were
+    full_gap = spec.get("gap", 0)
+    gaps = np.full(n, full_gap)
+    if spec.get("gap_start", full_gap) < full_gap:  # drawn only when the gap ramps: fixed-gap rows stay as they were
         widest = gap_level(spec, frac, mode)
         gaps = rng.integers(spec["gap_start"], widest + 1, size=n) if mix else np.full(n, widest)
     T, xs, ys = row_length(spec), [], []
