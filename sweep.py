@@ -43,7 +43,8 @@ DEFAULTS = dict(
     sweep_variants="all",  # or a comma list of SWEEP_VARIANTS
     task_args="",  # task knobs for every point, e.g. "n_pairs=16,gap=0" (data/recall/tasks.py DEFAULTS)
     points="n_keys=64,n_values=64;n_keys=128,n_values=128",  # ';' between points; a point may also set n_head, head_dim
-    sweep_iters=1500, curriculum_iters=750, sweep_batch_size=64, sweep_eval_interval=25, n_val=512,
+    sweep_iters=1500, curriculum_iters=750, sweep_eval_interval=25, n_val=512,
+    sweep_batch_size=0,  # rows per step for every point; 0: the recipe's, 64 rows up to 64 keys and 128 above
     stop_at_acc=0.99,  # a run stops at its first eval with this held-out accuracy; its curve stays there afterwards
     sweep_model_args="",  # extra train.py overrides for every sweep run
     success=0.9,  # a run "succeeds" when its final held-out accuracy reaches this
@@ -100,6 +101,8 @@ def parse_args(argv):
     cfg["robust_list"] = choose_variants(cfg["robust_variants"], SWEEP_VARIANTS)
     if min(cfg["sweep_seeds"], cfg["robust_seeds"], cfg["jobs"], cfg["n_val"], cfg["sweep_eval_interval"]) < 1:
         sys.exit("error: sweep_seeds, robust_seeds, jobs, n_val and sweep_eval_interval must be >= 1")
+    if cfg["sweep_batch_size"] < 0:
+        sys.exit(f"error: sweep_batch_size={cfg['sweep_batch_size']}: give rows per step >= 1, or 0 for the recipe's")
     cfg["point_list"] = parse_points(cfg)
     cfg["primary_list"] = parse_primary(cfg["primary"], cfg["variant_list"])
     if not -len(cfg["point_list"]) <= cfg["robust_point"] < len(cfg["point_list"]):
@@ -135,6 +138,29 @@ def parse_points(cfg):
     return points
 
 
+def batch_rows(cfg, spec):
+    """Rows per step at a point: --sweep_batch_size, or the recipe's (docs/recall.md: 64 rows learned every held-out
+    run at 64 keys, 128 rows at 128 keys)."""
+    return cfg["sweep_batch_size"] or (128 if spec["n_keys"] > 64 else 64)
+
+
+def rows_text(cfg):
+    return f"{cfg['sweep_batch_size']} rows" if cfg["sweep_batch_size"] else "64 rows (128 above 64 keys)"
+
+
+def recorded_rows(rows):
+    """Rows per step as the finished runs recorded them: '64 rows', or '64 rows at P; 128 rows at Q' per point (runs
+    that did not pass --batch_size had config/recall_mqar.py's)."""
+    per_point = {}
+    for r in rows:
+        batch = [a.split("=", 1)[1] for a in r.get("args", []) if a.startswith("--batch_size=")]
+        per_point.setdefault(r["point"], set()).add(batch[-1] if batch else "config/recall_mqar.py's")
+    sizes = {p: "/".join(sorted(b, key=lambda x: (len(x), x))) for p, b in per_point.items()}
+    if len(set(sizes.values())) == 1:
+        return f"{next(iter(sizes.values()))} rows"
+    return "; ".join(f"{b} rows at {p}" for p, b in sizes.items())
+
+
 # ---- one run ----
 def prepare_point(cfg, spec):
     """The point's dataset folder (meta.pkl + held-out val.npz), named by the spec and by the generator's own
@@ -162,7 +188,7 @@ def sweep_args(cfg, point, variant, seed, run_dir, data_dir):
     iters = cfg["sweep_iters"]
     return ["config/recall_mqar.py", f"--data_dir={data_dir}", f"--out_dir={run_dir}", f"--seed={seed}",
             f"--max_iters={iters}", f"--lr_decay_iters={iters}", f"--curriculum_iters={cfg['curriculum_iters']}",
-            f"--batch_size={cfg['sweep_batch_size']}", f"--block_size={tasks.row_length(spec)}",
+            f"--batch_size={batch_rows(cfg, spec)}", f"--block_size={tasks.row_length(spec)}",
             f"--eval_interval={cfg['sweep_eval_interval']}", f"--log_interval={iters}",
             f"--stop_at_acc={cfg['stop_at_acc']}", f"--device={cfg['device']}",
             *[f"--{k}={v}" for k, v in overrides.items()], *cfg["sweep_model_args"].split()]
@@ -213,7 +239,7 @@ def run_grid(cfg, variants, seeds):
     # seed-major: every point has the same seeds finished at any time
     jobs = [(p, v, s, folders[p[0]]) for s in seeds for p in points for v in variants]
     print(f"recall sweep ({cfg['size']}): {len(points)} points x {len(variants)} variants x {len(seeds)} seeds = "
-          f"{len(jobs)} runs of <= {cfg['sweep_iters']} steps x {cfg['sweep_batch_size']} rows, {cfg['jobs']} at a "
+          f"{len(jobs)} runs of <= {cfg['sweep_iters']} steps x {rows_text(cfg)}, {cfg['jobs']} at a "
           f"time; results in {cfg['sweep_root']}")
     run_all(cfg, jobs, lambda job: run_one(cfg, job), lambda job: f"{job[0][0]} {job[1]} seed {job[2]}")
 
@@ -353,7 +379,7 @@ def cmd_report(cfg):
     points = [p[0] for p in cfg["point_list"] if any(r["point"] == p[0] for r in rows)]
     iters, th = rows[0]["iters"], cfg["success"]
     lines = ["# Recall KV-budget sweep", "",
-             f"Task {rows[0]['spec']['task']}; every run: up to {iters} steps x {cfg['sweep_batch_size']} rows, "
+             f"Task {rows[0]['spec']['task']}; every run: up to {iters} steps x {recorded_rows(rows)}, "
              f"config/recall_mqar.py (curriculum over the first {cfg['curriculum_iters']} steps) plus the variant's "
              "heads; the same seeds (init blocks and batches) for every variant. Accuracy: answer tokens right on "
              f"{cfg['n_val']} held-out rows at full difficulty, every {cfg['sweep_eval_interval']} steps; a run stops "

@@ -186,16 +186,39 @@ def test_bad_input_is_a_one_line_error():
         sweep.parse_args(["--points=n_keys=big"])
     with pytest.raises(SystemExit, match="robust_point"):
         sweep.parse_args(["robust", "--robust_point=2"])
+    with pytest.raises(SystemExit, match="sweep_batch_size=-1: give rows per step"):
+        sweep.parse_args(["--sweep_batch_size=-1"])
     _, cfg = sweep.parse_args(["--points=n_keys=64;n_keys=32,head_dim=4"])
     assert [(p[1]["n_keys"], p[2]) for p in cfg["point_list"]] == [(64, {}), (32, {"head_dim": 4})]
     assert cfg["jobs"] == 2 and cfg["threads"] == 1
+
+
+@pytest.mark.parametrize("flag, point, rows", [
+    ([], "n_keys=64,n_values=64", 64),  # the recipe: 64 rows up to 64 keys
+    ([], "n_keys=32,n_values=32", 64),
+    ([], "n_keys=128,n_values=128", 128),  # and 128 above
+    (["--sweep_batch_size=32"], "n_keys=128,n_values=128", 32),  # an explicit size for every point
+    (["--sweep_batch_size=256"], "n_keys=64,n_values=64", 256),
+])
+def test_rows_per_step_follow_the_recipe_unless_given(flag, point, rows):
+    _, cfg = sweep.parse_args([*flag, f"--points={point}"])
+    args = sweep.sweep_args(cfg, cfg["point_list"][0], "gqa2", 200, "out", "data")
+    assert [a for a in args if a.startswith("--batch_size=")] == [f"--batch_size={rows}"]
+
+
+def test_the_report_names_the_rows_the_runs_recorded():
+    run = lambda point, rows: {"point": point, "args": ["config/recall_mqar.py", f"--batch_size={rows}"]}
+    assert sweep.recorded_rows([run("a", 64), run("b", 64)]) == "64 rows"
+    assert sweep.recorded_rows([run("a", 64), run("b", 128)]) == "64 rows at a; 128 rows at b"
+    assert sweep.recorded_rows([run("a", 64), run("a", 32)]) == "32/64 rows"
+    assert sweep.recorded_rows([{"point": "a", "args": []}]) == "config/recall_mqar.py's rows"
 
 
 @pytest.mark.slow
 def test_the_recipe_learns_where_the_old_ramp_stalled(tmp_path):
     """GQA-2, seed 100, 128 keys: with every row at the ramp's rounded level (the old recipe) it stayed at 9.4%
     held-out through step 1300; with the mix curriculum of config/recall_mqar.py it reaches 90% before the
-    curriculum ends (step 750). About a minute at one thread."""
+    curriculum ends (step 750). About two minutes at one thread (128 rows a step)."""
     data = tmp_path / "data"
     run("data/recall/prepare.py", "--n_keys=128", "--n_values=128", "--n_val=512", f"--out_dir={data}")
     run("train.py", "config/recall_mqar.py", f"--data_dir={data}", f"--out_dir={tmp_path / 'out'}", "--seed=100",
