@@ -26,9 +26,9 @@ import time
 import numpy as np
 import torch
 
-from nanovha.experiments import (choose_variants, clopper_pearson, fmt, fmt_paired, load_results, mcnemar, mde, paired,
-                                 parse_command, parse_primary, primary_lines, pyplot, read_json, ROOT, run_all,
-                                 same_run, train, write_json)
+from nanovha.experiments import (area, choose_variants, clopper_pearson, fmt, fmt_paired, load_results, mcnemar, mde,
+                                 paired, parse_command, parse_primary, primary_lines, pyplot, read_json, ROOT, run_all,
+                                 same_run, steps_to, train, write_json)
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from data.recall import tasks
 from model import fold_to_gqa
@@ -148,19 +148,6 @@ def rows_text(cfg):
     return f"{cfg['sweep_batch_size']} rows" if cfg["sweep_batch_size"] else "64 rows (128 above 64 keys)"
 
 
-def recorded_rows(rows):
-    """Rows per step as the finished runs recorded them: '64 rows', or '64 rows at P; 128 rows at Q' per point (runs
-    that did not pass --batch_size had config/recall_mqar.py's)."""
-    per_point = {}
-    for r in rows:
-        batch = [a.split("=", 1)[1] for a in r.get("args", []) if a.startswith("--batch_size=")]
-        per_point.setdefault(r["point"], set()).add(batch[-1] if batch else "config/recall_mqar.py's")
-    sizes = {p: "/".join(sorted(b, key=lambda x: (len(x), x))) for p, b in per_point.items()}
-    if len(set(sizes.values())) == 1:
-        return f"{next(iter(sizes.values()))} rows"
-    return "; ".join(f"{b} rows at {p}" for p, b in sizes.items())
-
-
 # ---- one run ----
 def prepare_point(cfg, spec):
     """The point's dataset folder (meta.pkl + held-out val.npz), named by the spec and by the generator's own
@@ -242,23 +229,6 @@ def run_grid(cfg, variants, seeds):
           f"{len(jobs)} runs of <= {cfg['sweep_iters']} steps x {rows_text(cfg)}, {cfg['jobs']} at a "
           f"time; results in {cfg['sweep_root']}")
     run_all(cfg, jobs, lambda job: run_one(cfg, job), lambda job: f"{job[0][0]} {job[1]} seed {job[2]}")
-
-
-# ---- learning-speed measures, from a run's accuracy curve [[step, acc], ...] ----
-def steps_to(curve, level, iters):
-    """The step where the curve first reaches `level`, linear between the two evals around the crossing; a run that
-    never gets there counts as the whole budget (so a mean over runs that fail is a lower bound)."""
-    for (s0, a0), (s1, a1) in zip([curve[0]] + curve, curve):
-        if a1 >= level:
-            return s1 if a1 == a0 or s1 == s0 else s0 + (level - a0) / (a1 - a0) * (s1 - s0)
-    return iters
-
-
-def area(curve, iters):
-    """Mean held-out accuracy over the run's steps (trapezoids between evals); after an early stop the curve stays
-    at its last value to the end of the budget."""
-    s, a = (np.array(v, dtype=float) for v in zip(*curve, (iters, curve[-1][1])))
-    return float(((a[1:] + a[:-1]) / 2 * np.diff(s)).sum() / iters) if iters else float(a[0])  # any numpy
 
 
 def measures(r):
@@ -379,7 +349,7 @@ def cmd_report(cfg):
     points = [p[0] for p in cfg["point_list"] if any(r["point"] == p[0] for r in rows)]
     iters, th = rows[0]["iters"], cfg["success"]
     lines = ["# Recall KV-budget sweep", "",
-             f"Task {rows[0]['spec']['task']}; every run: up to {iters} steps x {recorded_rows(rows)}, "
+             f"Task {rows[0]['spec']['task']}; every run: up to {iters} steps x {rows_text(cfg)}, "
              f"config/recall_mqar.py (curriculum over the first {cfg['curriculum_iters']} steps) plus the variant's "
              "heads; the same seeds (init blocks and batches) for every variant. Accuracy: answer tokens right on "
              f"{cfg['n_val']} held-out rows at full difficulty, every {cfg['sweep_eval_interval']} steps; a run stops "

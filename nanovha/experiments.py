@@ -1,7 +1,7 @@
 """
 What ablate.py (the LM grid), sweep.py (the recall sweep) and uptrain.py (the conversion comparison) share:
 resumable train.py runs in results folders (another script's run: run_script), run many of them a few at a time,
-and the paired statistics their reports are judged by.
+the learning-speed measures of an accuracy curve, and the paired statistics their reports are judged by.
 
 A run lives in its own folder (args.json, ckpt.pt, log.jsonl, train.out, and result.json once scored). A
 result is reused only when its argv is the same run (same_run), so a report never mixes settings.
@@ -141,6 +141,23 @@ def run_all(cfg, jobs, one, label):
 def load_results(root, pattern, keep):
     return [r for r in map(read_json, sorted(glob.glob(os.path.join(root, "runs", *pattern, "result.json"))))
             if keep(r)]
+
+
+# ---- learning-speed measures, from a run's accuracy curve [[step, acc], ...] ----
+def steps_to(curve, level, iters):
+    """The step where the curve first reaches `level`, linear between the two evals around the crossing; a run that
+    never gets there counts as the whole budget (so a mean over runs that fail is a lower bound)."""
+    for (s0, a0), (s1, a1) in zip([curve[0]] + curve, curve):
+        if a1 >= level:
+            return s1 if a1 == a0 or s1 == s0 else s0 + (level - a0) / (a1 - a0) * (s1 - s0)
+    return iters
+
+
+def area(curve, iters):
+    """Mean held-out accuracy over the run's steps (trapezoids between evals); after an early stop the curve stays
+    at its last value to the end of the budget."""
+    s, a = (np.array(v, dtype=float) for v in zip(*curve, (iters, curve[-1][1])))
+    return float(((a[1:] + a[:-1]) / 2 * np.diff(s)).sum() / iters) if iters else float(a[0])  # any numpy
 
 
 # ---- statistics: paired over shared seeds ----

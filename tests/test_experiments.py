@@ -1,5 +1,5 @@
 """experiments.py: a moved results folder keeps its runs while other settings are refused, and the paired
-statistics (t-test, exact sign test, McNemar) give the textbook numbers."""
+statistics (t-test, exact sign test, McNemar) give the textbook numbers, and so do the learning-speed measures."""
 import math
 
 import pytest
@@ -83,3 +83,17 @@ def test_zero_spread_tolerates_rounding():
     d = [0.41 - 0.4 - (0.51 - 0.5)] * 6
     assert d[0] != 0 and experiments.paired(dict(enumerate(d)), dict.fromkeys(range(6), 0.0)) == (6, 0.0, 0.0, 0.0,
                                                                                                   False)
+
+
+def test_steps_to_a_level_are_interpolated_and_failures_count_as_the_budget():
+    curve = [[0, 0.0], [25, 0.2], [50, 0.6], [75, 0.95], [100, 1.0]]
+    assert experiments.steps_to(curve, 0.5, 1000) == pytest.approx(25 + 0.3 / 0.4 * 25)
+    assert experiments.steps_to(curve, 0.9, 1000) == pytest.approx(50 + 0.3 / 0.35 * 25)
+    assert experiments.steps_to(curve, 0.0, 1000) == 0 and experiments.steps_to(curve, 1.0, 1000) == 100
+    assert experiments.steps_to([[0, 0.1], [25, 0.3]], 0.9, 1000) == 1000  # never reached: the whole budget
+
+
+def test_area_under_the_curve_stays_at_the_last_value_after_an_early_stop():
+    assert experiments.area([[0, 0.0], [100, 1.0]], 100) == pytest.approx(0.5)
+    assert experiments.area([[0, 0.0], [100, 1.0]], 200) == pytest.approx(0.75)  # 1.0 after the stop at 100
+    assert experiments.area([[0, 0.2], [50, 0.2]], 100) == pytest.approx(0.2)

@@ -68,20 +68,6 @@ def test_robustness_runs_each_change_and_reports(smoke, tmp_path):
     assert "--curriculum_iters=3" in short["args"]  # 10% off the smoke preset's 3 steps rounds back to 3
 
 
-def test_steps_to_a_level_are_interpolated_and_failures_count_as_the_budget():
-    curve = [[0, 0.0], [25, 0.2], [50, 0.6], [75, 0.95], [100, 1.0]]
-    assert sweep.steps_to(curve, 0.5, 1000) == pytest.approx(25 + 0.3 / 0.4 * 25)
-    assert sweep.steps_to(curve, 0.9, 1000) == pytest.approx(50 + 0.3 / 0.35 * 25)
-    assert sweep.steps_to(curve, 0.0, 1000) == 0 and sweep.steps_to(curve, 1.0, 1000) == 100
-    assert sweep.steps_to([[0, 0.1], [25, 0.3]], 0.9, 1000) == 1000  # never reached: the whole budget
-
-
-def test_area_under_the_curve_stays_at_the_last_value_after_an_early_stop():
-    assert sweep.area([[0, 0.0], [100, 1.0]], 100) == pytest.approx(0.5)
-    assert sweep.area([[0, 0.0], [100, 1.0]], 200) == pytest.approx(0.75)  # stopped at 100: 1.0 for the other 100 steps
-    assert sweep.area([[0, 0.2], [50, 0.2]], 100) == pytest.approx(0.2)
-
-
 def test_folders_from_the_old_ablate_sweep_still_report(tmp_path, monkeypatch):
     # a result.json as ablate.py sweep wrote it (eval every 50 steps, no early stop, its own steps_to fields)
     for variant, seed, curve in [("gqa2", 1, [[0, 0.0], [50, 0.5], [100, 1.0]]),
@@ -204,14 +190,6 @@ def test_rows_per_step_follow_the_recipe_unless_given(flag, point, rows):
     _, cfg = sweep.parse_args([*flag, f"--points={point}"])
     args = sweep.sweep_args(cfg, cfg["point_list"][0], "gqa2", 200, "out", "data")
     assert [a for a in args if a.startswith("--batch_size=")] == [f"--batch_size={rows}"]
-
-
-def test_the_report_names_the_rows_the_runs_recorded():
-    run = lambda point, rows: {"point": point, "args": ["config/recall_mqar.py", f"--batch_size={rows}"]}
-    assert sweep.recorded_rows([run("a", 64), run("b", 64)]) == "64 rows"
-    assert sweep.recorded_rows([run("a", 64), run("b", 128)]) == "64 rows at a; 128 rows at b"
-    assert sweep.recorded_rows([run("a", 64), run("a", 32)]) == "32/64 rows"
-    assert sweep.recorded_rows([{"point": "a", "args": []}]) == "config/recall_mqar.py's rows"
 
 
 @pytest.mark.slow
