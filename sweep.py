@@ -91,6 +91,7 @@ ROBUSTNESS = {
     "independent_init": lambda c: dict(sweep_model_args="--paired_init=False"),  # the same batches, no weights shared
 }
 MODEL_KNOBS = ("n_head", "head_dim", "n_embd", "n_layer")  # what a sweep point may set besides task knobs
+RECIPE_ROWS = (64, 64, 128)  # rows per step unless --sweep_batch_size: (rows, up to this many keys, rows above)
 LEVELS = (0.5, 0.9, 0.99)  # learning speed: steps to these held-out accuracies
 # -----------------------------------------------------------------------------
 
@@ -141,11 +142,13 @@ def parse_points(cfg):
 def batch_rows(cfg, spec):
     """Rows per step at a point: --sweep_batch_size, or the recipe's (docs/recall.md: 64 rows learned every held-out
     run at 64 keys, 128 rows at 128 keys)."""
-    return cfg["sweep_batch_size"] or (128 if spec["n_keys"] > 64 else 64)
+    rows, keys, above = RECIPE_ROWS
+    return cfg["sweep_batch_size"] or (above if spec["n_keys"] > keys else rows)
 
 
 def rows_text(cfg):
-    return f"{cfg['sweep_batch_size']} rows" if cfg["sweep_batch_size"] else "64 rows (128 above 64 keys)"
+    rows, keys, above = RECIPE_ROWS
+    return f"{cfg['sweep_batch_size']} rows" if cfg["sweep_batch_size"] else f"{rows} rows ({above} above {keys} keys)"
 
 
 # ---- one run ----

@@ -196,7 +196,7 @@ def test_rows_per_step_follow_the_recipe_unless_given(flag, point, rows):
 def test_the_recipe_learns_where_the_old_ramp_stalled(tmp_path):
     """GQA-2, seed 100, 128 keys: with every row at the ramp's rounded level (the old recipe) it stayed at 9.4%
     held-out through step 1300; with the mix curriculum of config/recall_mqar.py it reaches 90% before the
-    curriculum ends (step 750). About two minutes at one thread (128 rows a step)."""
+    curriculum ends (step 750). About a minute at one thread (128 rows a step)."""
     data = tmp_path / "data"
     run("data/recall/prepare.py", "--n_keys=128", "--n_values=128", "--n_val=512", f"--out_dir={data}")
     run("train.py", "config/recall_mqar.py", f"--data_dir={data}", f"--out_dir={tmp_path / 'out'}", "--seed=100",
