@@ -27,10 +27,12 @@ from model import GPT, GPTConfig
 from nanovha.checkpoint import save_checkpoint
 from nanovha.config import flat_defaults, settings, stop_if
 from nanovha.distill import adamw_groups, drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
+from nanovha.compiled_decode import default_folder
 from nanovha.hardware import autocast_for, choose_compile, choose_dtype, compile_counters, gpu_spec, training_step
 from nanovha.health import vha_health
 from nanovha.outputs import hold
 from nanovha.peers import PeerWatch, start_ddp
+from nanovha.plan import train_plan
 from nanovha.preflight import (RESUME_KEYS, TOKENIZER_FIX, cut_log, disk_problem, knob_problem, prepare_out_dir,
                                start_checkpoint, teacher_problem, vocab_mismatch, warmup_problem)
 
@@ -100,8 +102,9 @@ lr_decay_iters = None  # default max_iters
 min_lr = None  # default learning_rate / 10
 # system
 device = "auto"  # auto picks cuda, then mps, then cpu; or "cpu", "cuda", "cuda:1", "mps"
-dtype = "auto"  # auto: CUDA bf16 autocast (fp16 on old GPUs);
-# a CPU times fp32 against bf16 (where native), keeps the faster
+dtype = "auto"  # auto: CUDA bf16 autocast (fp16 on old GPUs); a CPU follows the plan for this model and machine
+# (nanovha/plan.py: fp32 against bf16 autocast timed on the run's own step, kept for the next run)
+replan = False  # CPU, dtype auto: time fp32 against bf16 again rather than use the plan kept for this model
 compile = None  # None: on for CUDA, off elsewhere (hardware.choose_compile)
 ddp_timeout = 600  # DDP: seconds a process waits for the others in a collective (a hung peer) before it stops
 # -----------------------------------------------------------------------------
@@ -254,9 +257,12 @@ model.to(device, dtype=torch.float64 if dtype == "float64" else torch.float32)
 if dtype == "auto" and resuming and ckpt.get("dtype"):
     dtype, dtype_reason = (ckpt["dtype"],
                            f"{ckpt['dtype']}: the dtype this run trained in (resumed; --dtype=... changes it)")
-else:
+elif dtype == "auto" and device_type == "cpu":
     probe_batch = get_batch("train", torch.Generator().manual_seed(seed + 4))
-    dtype, dtype_reason = choose_dtype(device_type, dtype, training_step(model, *probe_batch))
+    plan_key = [sorted(model_args.items()), tuple(probe_batch[0].shape), compile, device]
+    dtype, dtype_reason = train_plan(training_step(model, *probe_batch), plan_key, default_folder(), replan)
+else:
+    dtype, dtype_reason = choose_dtype(device_type, dtype)
 if ddp:
     choice = [dtype, dtype_reason]
     torch.distributed.broadcast_object_list(choice, src=0)

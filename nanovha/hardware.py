@@ -2,14 +2,12 @@
 What this machine can do, in one place: the precision a run should use, a GPU's spec-sheet peaks, and how
 the benchmarks time it (medians of interleaved calls).
 
-    dtype, why = choose_dtype("cpu", "auto", step)   # step(dtype) runs one training step of the run's model
-    # why: "float32: <median> s/step vs bfloat16 <median> s/step on this CPU (<name> (...; AVX512, AVX512_BF16, AMX))"
+    dtype, why = choose_dtype("cuda", "auto")          # ("bfloat16", "bfloat16 autocast: this GPU has bf16")
     peak_flops, hbm = gpu_spec("NVIDIA H100 80GB HBM3")   # (989e12, 3.35e12); (None, None) if unknown
 
-On a CPU, "auto" times float32 against bf16 on the run's own model and keeps the faster: whether bf16 pays depends
-on the CPU and the model's width, not on the instruction set alone (docs/training.md has the figures). Where bf16 is
-emulated (no AVX-512 BF16 or AMX, or torch's AVX2 kernels) one bf16 step shows it, and the timing stops there.
-CUDA keeps its rule: bf16 autocast where the GPU has it, float16 with a GradScaler where it does not.
+CUDA keeps a rule: bf16 autocast where the GPU has it, float16 with a GradScaler where it does not. On a CPU
+whether bf16 pays depends on the CPU, the model's width and the runtime, not on the instruction set alone, so "auto"
+is timed there on the run's own work (nanovha/plan.py, which uses cpu_bf16_support and cpu_kind from here).
 """
 import copy
 import platform
@@ -49,11 +47,11 @@ def cpu_kind():
     return f"{name} ({family}{', '.join(features)})"
 
 
-def choose_dtype(device_type, dtype, step=None, clock=time.perf_counter):
-    """-> (dtype, one line saying why). dtype "auto": on a CPU, the faster of float32 and bf16 autocast by
-    step(dtype) (one step of the run's own work in that dtype; fastest_dtype), float32 where no step is given. On
-    CUDA, bf16 autocast where supported, else float16 (+ GradScaler); float32 elsewhere (MPS). An explicit bf16 on
-    a CPU without it is kept, and the line is a warning (starts with "warning:") that it is emulated."""
+def choose_dtype(device_type, dtype):
+    """-> (dtype, one line saying why), by rule where nothing is timed. On CUDA "auto" is bf16 autocast where
+    supported, else float16 (+ GradScaler); float32 elsewhere (a CPU's "auto" is timed: nanovha/plan.py). An
+    explicit bf16 on a CPU without it is kept, and the line is a warning (starts with "warning:") that it is
+    emulated."""
     if device_type == "cuda":
         bf16 = torch.cuda.is_bf16_supported()
         if dtype == "auto":
@@ -63,31 +61,13 @@ def choose_dtype(device_type, dtype, step=None, clock=time.perf_counter):
     if device_type == "cpu":
         native, isa = cpu_bf16_support()
         if dtype == "auto":
-            return fastest_dtype(step, clock) if step else ("float32", f"float32: nothing to time bfloat16 on ({isa})")
+            return "float32", f"float32: nothing to time bfloat16 on ({isa})"
         if dtype in ("bfloat16", "float16") and not native:
             return dtype, (f"warning: {dtype} was asked for, but this CPU has no native bf16 ({isa}): it is emulated, "
                            f"many times slower than float32; drop --dtype (auto picks the faster here) "
                            "or pass --dtype=float32")
         return dtype, f"{dtype}: asked for"
     return ("float32", f"float32 on {device_type}") if dtype == "auto" else (dtype, f"{dtype}: asked for")
-
-
-def fastest_dtype(step, clock=time.perf_counter, timed_steps=3):
-    """float32 against bfloat16 by timing step(dtype): one first step each (allocations, kernel selection), then
-    timed_steps each, interleaved. A bf16 whose first step already takes 3x float32's (emulated: many times slower)
-    is out after that one step, so a CPU without native bf16 pays for a single bf16 step. Where a step takes over
-    2 s, one timed step each. -> (the faster, one line with both timings and the CPU)."""
-    fns = {d: (lambda d=d: step(d)) for d in ("float32", "bfloat16")}
-    first = {d: timed(fn, clock=clock) for d, fn in fns.items()}
-    if first["bfloat16"] > 3 * first["float32"]:
-        n = timed_steps if first["float32"] < 2 else 1
-        fp32 = interleaved({"float32": fns["float32"]}, n, warmup=0, clock=clock)["float32"]
-        return "float32", (f"float32: {fp32:.3f} s/step vs bfloat16 {first['bfloat16']:.3f} s/step (one step: out at "
-                           f"3x) on this CPU ({cpu_kind()}), timed on this run's model")
-    seconds = interleaved(fns, timed_steps if max(first.values()) < 2 else 1, warmup=0, clock=clock)
-    best, other = sorted(seconds, key=seconds.get)
-    return best, (f"{best}: {seconds[best]:.3f} s/step vs {other} {seconds[other]:.3f} s/step on this CPU "
-                  f"({cpu_kind()}), timed on this run's model")
 
 
 def training_step(model, x, y):
@@ -104,34 +84,15 @@ def training_step(model, x, y):
     return step
 
 
-def choose_decode_dtype(device_type, dtype, model):
-    """The weights' and KV cache's dtype for generation -> (dtype, one line saying why). "auto": on CUDA bf16 where
-    the GPU has it (else float32); on a CPU the faster of float32 and bf16 weights (fastest_dtype) over a
-    few eager decode steps of the model (decode_probe); float32 elsewhere."""
+def choose_decode_dtype(device_type, dtype):
+    """The weights' and KV cache's dtype for generation off the CPU -> (dtype, one line saying why). "auto": bf16
+    where the GPU has it (else float32); float32 elsewhere. A CPU times its choice (nanovha/plan.py)."""
     if dtype != "auto":
         return dtype, f"{dtype}: asked for"
     if device_type == "cuda":
         bf16 = torch.cuda.is_bf16_supported()
         return ("bfloat16", "bfloat16: this GPU has bf16") if bf16 else ("float32", "float32: this GPU has no bf16")
-    return choose_dtype(device_type, "auto", decode_probe(model) if device_type == "cpu" else None)
-
-
-def decode_probe(model, context=256):
-    """-> step(dtype): one eager decode step, at position context + k for the k-th call, of a copy of `model` with its
-    weights and KV cache in that dtype, for choose_dtype (bf16 weights halve the bytes a step reads, but may run
-    slower). The model and every random stream are left as they were."""
-    copies = {}
-
-    def step(dtype):
-        if dtype not in copies:
-            probe = copy.deepcopy(model).to(getattr(torch, dtype)).eval()
-            probe.setup_cache(1, context + 16)
-            copies[dtype] = (probe, iter(range(context, context + 16)))
-        probe, positions = copies[dtype]
-        token = torch.zeros(1, 1, dtype=torch.long, device=probe.embed.weight.device)
-        with torch.random.fork_rng(devices=[]), torch.inference_mode():
-            probe.decode_one_token(token, next(positions))
-    return step
+    return "float32", f"float32 on {device_type}"
 
 
 def choose_compile(device_type, compile):

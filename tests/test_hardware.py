@@ -17,56 +17,19 @@ def cpu(monkeypatch):
     return make
 
 
-def fake_step(costs):
-    """(step, clock): step(dtype) moves the clock on by costs[dtype] seconds, as a step in that dtype would."""
-    now = [0.0]
-    return (lambda dtype: now.__setitem__(0, now[0] + costs[dtype])), (lambda: now[0])
-
-
-@pytest.mark.parametrize("costs, picked", [
-    ({"float32": 0.34, "bfloat16": 0.51}, "float32"),  # the Intel AMX kind at width 128
-    ({"float32": 0.30, "bfloat16": 0.19}, "bfloat16"),  # Zen 5
-])
-def test_auto_on_a_native_bf16_cpu_keeps_the_faster(cpu, costs, picked):
-    cpu("AVX512", amx=True)
-    step, clock = fake_step(costs)
-    dtype, line = hardware.choose_dtype("cpu", "auto", step, clock)
-    other = "bfloat16" if picked == "float32" else "float32"
-    assert dtype == picked and line.startswith(
-        f"{picked}: {costs[picked]:.3f} s/step vs {other} {costs[other]:.3f} s/step")
-    assert "AVX512" in line and "AMX" in line
-
-
-def test_one_bf16_step_rules_out_an_emulated_bf16(cpu):
-    """Where bf16 is emulated its first step is many times float32's: it is timed once and out, float32 keeps its own
-    timed steps, and the line still shows both timings. Without a step to time, float32."""
-    calls = []
-    costs = {"float32": 0.30, "bfloat16": 3.50}  # the demo on the 2-core Zen 3 (AVX2)
-    now = [0.0]
-
-    def step(dtype):
-        calls.append(dtype)
-        now[0] += costs[dtype]
-    for isa, flags in [("AVX2", {}), ("AVX512", {}), ("AVX2", {"avx512_bf16": True}), ("DEFAULT", {})]:
-        cpu(isa, **flags)  # AVX2; AVX-512 without bf16 (Skylake-X); bf16 instructions under torch's AVX2 kernels; ARM
-        calls.clear()
-        dtype, line = hardware.choose_dtype("cpu", "auto", step, lambda: now[0])
-        assert dtype == "float32" and calls.count("bfloat16") == 1 and calls.count("float32") == 4
-        assert line.startswith("float32: 0.300 s/step vs bfloat16 3.500 s/step (one step: out at 3x)")
-    assert hardware.choose_dtype("cpu", "auto")[0] == "float32"  # no step to time: the safe choice
-
-
-def test_the_probe_leaves_the_run_as_it_was(cpu):
-    """A real probe on a tiny model: the model's weights, its gradients and the random streams are untouched, so a run
-    with dtype=auto is bit-identical to the same run with the chosen dtype given explicitly."""
+def test_the_probe_leaves_the_run_as_it_was(cpu, tmp_path):
+    """A real probe on a tiny model (timed by nanovha/plan.py): the model's weights, its gradients and the random
+    streams are untouched, so a run with dtype=auto is bit-identical to the same run with the chosen dtype given
+    explicitly."""
     from model import GPT, GPTConfig
+    from nanovha.plan import train_plan
     cpu("AVX512", amx=True)  # bf16 is then a candidate (emulated on an AVX2 machine: slow, but the model is tiny)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_embd=32, n_head=4, n_kv_head=2, attn="vha"))
     x = torch.randint(40, (2, 16))
     before, rng = {k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state()
-    dtype, line = hardware.choose_dtype("cpu", "auto", hardware.training_step(model, x, x))
-    assert dtype in ("float32", "bfloat16") and "s/step vs" in line
+    dtype, line = train_plan(hardware.training_step(model, x, x), ["tiny"], str(tmp_path))
+    assert dtype in ("float32", "bfloat16") and "float32" in line and "bfloat16" in line and "/step vs" in line
     assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in model.parameters())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
@@ -93,6 +56,7 @@ def test_auto_on_cuda_and_mps(monkeypatch):
     assert hardware.choose_dtype("cuda", "auto") == ("float16", "float16 autocast + GradScaler: this GPU has no bf16")
     assert hardware.choose_dtype("cuda", "float32")[0] == "float32"
     assert hardware.choose_dtype("mps", "auto")[0] == "float32"
+    assert hardware.choose_dtype("cpu", "auto")[0] == "float32"  # nothing timed: the safe choice (plan.py times it)
 
 
 @pytest.mark.parametrize("name, peak, hbm", [
@@ -120,7 +84,7 @@ def test_train_prints_its_choice_and_a_resume_keeps_it(char_data, tmp_path):
             "--dtype=auto"]
     proc = run("train.py", *args, "--max_iters=2")
     line = next(line for line in proc.stdout.splitlines() if line.startswith("dtype "))
-    assert "s/step vs" in line and "timed on this run's model" in line, line
+    assert "s/step vs" in line and "timed on this model; measured now" in line, line
     chosen = line.split()[1].rstrip(":")
     assert "compile False: the default on cpu" in proc.stdout  # hardware.choose_compile, as train.py prints it
     resumed = run("train.py", *args, "--max_iters=4", "--init_from=resume")

@@ -1,0 +1,292 @@
+"""
+One measured plan per model and machine: which dtype and runtime run a job fastest here, timed on the job itself,
+kept beside the compiled packages (as FFTW keeps its "wisdom") and read by every command.
+
+    plan = decode_plan(model, folder, (16, 512))  # fold.py, sample.py, bench_decode.py: decode from 16 to 512
+    plan.dtype, plan.runtime, plan.line           # "float32", "compiled", one line with the figures
+    dtype, line = train_plan(step, key, folder)   # train.py: float32 against bf16 autocast on the run's own step
+
+How a choice is made (choose): every candidate runs in interleaved rounds, the order rotated each round, each for at
+least min_s seconds per round (a 2-ms step is repeated, not timed once), after one untimed warm-up call. The fastest
+by median wins outright only where it beats the others by more than `margin` in the median and in at least 4 rounds
+of 5; otherwise the safest candidate that it cannot be told apart from is kept (the order of the candidates is their
+safety: float32 before bf16). A bf16 whose warm-up already takes 3x float32's is emulated: out after that one call.
+
+A busy machine: the other processes' CPU time during the timing is read from /proc/stat (others_busy). A plan made
+while they used over a quarter of a core is kept for the run that made it, marked provisional, and measured again by
+the next command that finds it so. `replan=True` measures again in any case.
+
+A plan file (plan-<key>.json) is keyed by what the timings depend on: the model's shape (not its weights), the
+candidates, the CPU, torch and the thread count. It holds one job per range of contexts, each with its timings,
+when and how they were measured and what was chosen; a compiled candidate is timed on the package of the weights at
+hand, and a model of the same shape without a package picks among the rest of the timings.
+"""
+import copy
+import datetime
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+from nanovha.hardware import cpu_bf16_support, cpu_kind
+
+MARGIN = 0.05  # a candidate is beaten when the fastest is more than 5% faster
+ROUNDS = 5
+MIN_S = 0.1  # seconds per candidate per round: fifty 2-ms steps, one 0.3-s training step
+BUSY_CORES = 0.25  # other processes' use of the CPU above which a plan is provisional
+EMULATED = 3.0  # a bf16 warm-up this many times float32's: emulated, out
+
+
+# ---- timing and deciding
+def measure(fns, clock=time.perf_counter, rounds=ROUNDS, min_s=MIN_S, warmup=True):
+    """{name: fn} -> ({name: [seconds per call, one per round]}, {name: seconds of the warm-up call}). Each round
+    calls every fn, in an order rotated by one each round, until min_s has passed (at least once)."""
+    names, warm, times = list(fns), {}, {name: [] for name in fns}
+    for name in names if warmup else []:
+        t0 = clock()
+        fns[name]()
+        warm[name] = clock() - t0
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            calls, t0 = 0, clock()
+            while True:
+                fns[name]()
+                calls += 1
+                if clock() - t0 >= min_s:
+                    break
+            times[name].append((clock() - t0) / calls)
+    return times, warm
+
+
+def beaten(times, name, by, margin=MARGIN):
+    """Whether `by` is faster than `name` by more than margin in the median of the per-round ratios and in at least
+    80% of the rounds (rounds are paired: both ran in the same round, so noise hits them alike)."""
+    ratios = [t / u for t, u in zip(times[name], times[by])]
+    return statistics.median(ratios) > 1 + margin and sum(x > 1 for x in ratios) >= 0.8 * len(ratios)
+
+
+def choose(times, margin=MARGIN):
+    """times: {candidate: [s per round]} in safety order -> (chosen, clear). The fastest by median where it beats
+    every safer candidate; else the safest one it does not beat. clear: the chosen one and every other candidate
+    were told apart (one beat the other), so noise cannot have made the choice."""
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    fastest = min(medians, key=medians.get)
+    chosen = next(name for name in times if name == fastest or not beaten(times, name, fastest, margin))
+    clear = all(name == chosen or beaten(times, name, chosen, margin) or beaten(times, chosen, name, margin)
+                for name in times)
+    return chosen, clear
+
+
+def others_busy(read=None):
+    """-> stop(): call it when the timing ends; it returns the cores other processes (and the hypervisor: steal)
+    kept busy meanwhile, from /proc/stat and /proc/self/stat, or None where those cannot be read."""
+    def snapshot():
+        try:
+            with open("/proc/stat") as f:
+                cpu = [int(v) for v in f.readline().split()[1:]]
+            with open("/proc/self/stat") as f:
+                mine = f.read().rsplit(")", 1)[1].split()
+            return sum(cpu), sum(cpu) - cpu[3] - cpu[4], int(mine[11]) + int(mine[12])  # all, busy, this process
+        except (OSError, IndexError, ValueError):
+            return None
+    read = read or snapshot
+    start = read()
+
+    def stop():
+        end = read()
+        if start is None or end is None or end[0] <= start[0]:
+            return None
+        total, busy, mine = (e - s for e, s in zip(end, start))
+        return max(0.0, (busy - mine) / (total / (os.cpu_count() or 1)))
+    return stop
+
+
+# ---- the plan file
+def plan_key(*parts):
+    """sha256 (16 hex) of what the timings depend on, the machine and torch included."""
+    env = [cpu_kind(), torch.__version__, torch.get_num_threads()]
+    return hashlib.sha256(json.dumps([*parts, *env], default=str).encode()).hexdigest()[:16]
+
+
+def read_plan(path):
+    """The plan file's jobs, {} where it is missing or unreadable (a plan is a cache: measured again, never fatal)."""
+    try:
+        with open(path) as f:
+            plan = json.load(f)
+        return plan["jobs"] if isinstance(plan, dict) and isinstance(plan.get("jobs"), dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_plan(path, about, jobs):
+    """Writes the plan whole, then renames it into place; a folder that cannot be written is a note, not an error."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp_plan_")
+        with os.fdopen(fd, "w") as f:
+            json.dump(dict(about, jobs=jobs), f, indent=1)
+        os.replace(tmp, path)
+        return None
+    except OSError as e:
+        return f"note: the plan was not saved to {path} ({e.strerror or e}); the next run measures again"
+
+
+def job_record(times, warm, chosen, clear, busy, by, how):
+    return dict(seconds={k: statistics.median(v) for k, v in times.items()}, rounds=times, warmup=warm,
+                chosen=chosen, clear=clear, busy_cores=busy, provisional=busy is not None and busy > BUSY_CORES,
+                when=datetime.datetime.now().isoformat(timespec="seconds"), by=by, how=how)
+
+
+def describe(job, chosen, unit, available=None):
+    """One line: the choice, every candidate's time per unit, and when and how it was measured."""
+    def fmt(seconds):
+        return f"{seconds * 1e3:.3f} ms/{unit}" if seconds < 0.1 else f"{seconds:.3f} s/{unit}"
+    others = sorted((s, name) for name, s in job["seconds"].items() if name != chosen)
+    figures = " vs ".join([fmt(job["seconds"][chosen])] + [f"{name} {fmt(s)}" for s, name in others])
+    fastest = min(job["seconds"], key=job["seconds"].get)
+    tie = ("" if job["clear"] else f" (not told apart from {fastest} by the {MARGIN:.0%} margin: the safer kept)"
+           if fastest != chosen else f" (the fastest, not told apart from every other by the {MARGIN:.0%} margin)")
+    absent = available and job["chosen"] not in available
+    missing = f"; {job['chosen']} has no package for these weights" if absent else ""
+    busy = "" if job["busy_cores"] is None else f", other processes {job['busy_cores']:.2f} cores"
+    when = "measured now" if job.get("fresh") else f"plan of {job['when']} by {job['by']}"
+    provisional = ", PROVISIONAL: measured again next time" if job["provisional"] else ""
+    return (f"{chosen}{tie}: {figures}{missing} on this CPU ({cpu_kind()}), timed on this model; "
+            f"{when} ({job['how']}{busy}{provisional})")
+
+
+# ---- training: float32 against bf16 autocast on the run's own step
+def train_plan(step, key_parts, folder, replan=False, clock=time.perf_counter, by="train.py"):
+    """-> (dtype, one line). step(dtype) runs one training step of the run's model in that dtype."""
+    native, isa = cpu_bf16_support()
+    path = os.path.join(folder, f"plan-{plan_key('train', *key_parts, native)}.json")
+    jobs = {} if replan else read_plan(path)
+    job = jobs.get("train")
+    if job and not job.get("provisional") and job.get("chosen") in ("float32", "bfloat16"):
+        return job["chosen"], describe(job, job["chosen"], "step")
+    fns = {d: (lambda d=d: step(d)) for d in ("float32", "bfloat16")}
+    stop, first = others_busy(), {}
+    for d in fns:  # one untimed-for-the-median call each, float32 first
+
+        t0 = clock()
+        fns[d]()
+        first[d] = clock() - t0
+    if first["bfloat16"] > EMULATED * first["float32"]:  # emulated bf16: one step was enough
+        times, _ = measure({"float32": fns["float32"]}, clock, rounds=3, min_s=0, warmup=False)
+        times["bfloat16"] = [first["bfloat16"]] * 3
+        how = f"one bf16 step: out at {EMULATED:.0f}x ({isa}); float32 3 steps"
+    else:
+        rounds = ROUNDS if max(first.values()) < 2 else 3
+        times, _ = measure(fns, clock, rounds=rounds, min_s=0, warmup=False)
+        how = f"{rounds} interleaved steps each after a warm-up, {MARGIN:.0%} margin"
+    chosen, clear = choose(times)
+    job = job_record(times, first, chosen, clear, stop(), by, how)
+    note = write_plan(path, dict(kind="train", machine=cpu_kind(), torch=torch.__version__), dict(jobs, train=job))
+    return chosen, describe(dict(job, fresh=True), chosen, "step") + (f"; {note}" if note else "")
+
+
+# ---- decode: {compiled, eager} x {float32, bf16 where native} at both ends of the contexts a command reaches
+def candidates(native):
+    """Decode candidates in safety order: float32 first, the compiled step before eager. native: whether bf16 runs
+    natively here, or the dtypes themselves (an explicit --dtype)."""
+    dtypes = native if isinstance(native, (list, tuple)) else ["float32", "bfloat16"] if native else ["float32"]
+    return [f"{runtime} {d}" for d in dtypes for runtime in ("compiled", "eager")]
+
+
+def context_range(first, last):
+    """The (short, long) contexts a plan is measured at for a generation from position `first` to `last`: powers
+    of two around them (at least 16), so nearby lengths share one job."""
+    lo = max(16, 1 << max(0, first.bit_length() - 1))
+    hi = max(lo, 1 << max(0, (last - 1).bit_length()))
+    return lo, hi
+
+
+def decode_step_at(model, ctx, step=None, span=16):
+    """A call that decodes one token at positions ctx .. ctx+span-1 in turn (the cache filled with random K/V up to
+    ctx: speed does not depend on the values), eager or through a compiled step."""
+    model.setup_cache(1, ctx + span)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.kv_cache.k[:, :, :ctx].normal_()
+            block.attn.kv_cache.v[:, :, :ctx].normal_()
+    token = torch.zeros(1, 1, dtype=torch.long, device=model.embed.weight.device)
+    state = {"k": 0}
+
+    def call():
+        pos = ctx + state["k"] % span
+        state["k"] += 1
+        with torch.inference_mode():
+            return model.decode_one_token(token, pos) if step is None else step(token, torch.tensor([pos]))
+    return call
+
+
+class DecodePlan:
+    """What a command runs: dtype, runtime ("compiled" or "eager"), the model in that dtype and layout, the compiled
+    step (or None), and the line that says why."""
+
+    def __init__(self, dtype, runtime, model, step, line):
+        self.dtype, self.runtime, self.model, self.step, self.line = dtype, runtime, model, step, line
+
+
+def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eager"), build=False, replan=False,
+                clock=time.perf_counter, by="sample.py"):
+    """The fastest of {compiled, eager} x {float32, bf16 where native} for decoding `model` (batch 1, CPU) over
+    contexts (short, long), from the plan file in folder or measured now. dtypes, runtimes: the ones allowed
+    (--dtype, --compile). build: compile the packages that are missing (fold.py, bench_decode.py); else only cached
+    packages are candidates."""
+    from nanovha.compiled_decode import compiled_decode, package_path
+    everything = candidates(cpu_bf16_support()[0]) if dtypes is None else candidates(dtypes)
+    names = [n for n in everything if n.split()[0] in runtimes]
+    path = os.path.join(folder, f"plan-{plan_key('decode', repr(model.cfg), everything)}.json")
+    job_name = f"{contexts[0]}-{contexts[1]}"
+    jobs = {} if replan else read_plan(path)
+    models = {}
+
+    def prepared(d):  # the model in dtype d, in the decode layout (the layout the packages are built on)
+        models[d] = models.get(d) or copy.deepcopy(model).to(getattr(torch, d)).eval().use_decode_layout()
+        return models[d]
+    available = [n for n in names if n.startswith("eager") or build
+                 or os.path.exists(package_path(prepared(n.split()[1]), folder))]
+    job = jobs.get(job_name)
+    if job and not job.get("provisional") and set(available) <= set(job.get("rounds", {})):
+        note, steps = None, {}
+    else:
+        steps = {d: compiled_decode(prepared(d), folder) for d in dict.fromkeys(n.split()[1] for n in available)
+                 if f"compiled {d}" in available}
+        job = measure_decode({d: prepared(d) for d in dict.fromkeys(n.split()[1] for n in available)}, steps,
+                             available, contexts, clock, by)
+        note = write_plan(path, dict(kind="decode", shape=repr(model.cfg), machine=cpu_kind(),
+                                     torch=torch.__version__), dict(jobs, **{job_name: job}))
+        job = dict(job, fresh=True)
+    times = {n: job["rounds"][n] for n in available}
+    chosen = job["chosen"] if job["chosen"] in available else choose(times)[0]
+    runtime, dtype = chosen.split()
+    step = None
+    if runtime == "compiled":
+        step = steps.get(dtype) or compiled_decode(prepared(dtype), folder)
+    line = describe(job, chosen, "token", available) + (f"; {note}" if note else "")
+    return DecodePlan(dtype, runtime, prepared(dtype), step, line)
+
+
+def measure_decode(models, steps, names, contexts, clock, by):
+    """Times every candidate at both contexts; a candidate's time is the sum of its two (a generation that grows
+    from the short context to the long one spends about that, halved, per token)."""
+    stop = others_busy()
+    per_ctx = []
+    for ctx in contexts:
+        fns = {n: decode_step_at(models[n.split()[1]], ctx, steps.get(n.split()[1]) if n[0] == "c" else None)
+               for n in names}
+        per_ctx.append(measure(fns, clock)[0])
+    for model in models.values():
+        for block in model.blocks:
+            block.attn.kv_cache = None
+    times = {n: [a + b for a, b in zip(per_ctx[0][n], per_ctx[1][n])] for n in names}
+    chosen, clear = choose(times)
+    how = (f"contexts {contexts[0]} and {contexts[1]}, {ROUNDS} interleaved rounds of >= {MIN_S} s per candidate, "
+           f"{MARGIN:.0%} margin")
+    job = job_record(times, {}, chosen, clear, stop(), by, how)
+    return dict(job, seconds={n: t / 2 for n, t in job["seconds"].items()})
