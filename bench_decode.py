@@ -29,6 +29,8 @@ from nanovha.compiled_decode import compiled_decode, default_folder
 from nanovha.config import flat_defaults, need, settings, stop_if
 from nanovha.hardware import choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, matmul_peak
 from nanovha.hardware import interleaved as interleaved_on, memory_problem, print_table, timed as timed_on, verdict
+from nanovha.decode_plot import plot_decode
+from nanovha.plan import decode_plan
 
 # -----------------------------------------------------------------------------
 n_layer = 6
@@ -54,7 +56,7 @@ llama_cpp = True  # also time vha_folded (and ckpt) in llama.cpp, when llama-cpp
 # system
 warmup = 3  # untimed steps per variant
 device = "auto"
-dtype = "auto"  # weights and cache. auto: CUDA bf16; a CPU times float32 against bf16 weights (where native)
+dtype = "auto"  # weights and cache. auto: CUDA bf16; a CPU plans on vha_folded (nanovha/plan.py)
 compile = "auto"  # auto: aot on a CPU, graphs on CUDA; aot (AOTInductor package), graphs (torch.compile), off
 eager = True  # with a compiled step: also time every variant eagerly, in the same rounds
 compile_autotune = True  # aot: inductor's C++ GEMM templates tuned per shape (faster steps, a longer build)
@@ -429,8 +431,13 @@ def run_decode():
     stop_if(memory_problem(caches + sum(weight_bytes(m) for m in models.values()), device,
                            f"the KV caches at context {max(ctxs):,} (batch {batch_size}) and every variant's weights",
                            "lower --contexts or --batch_size, or bench fewer --variants"))
-    probe = models.get("vha_folded") or next(iter(models.values()))  # "auto" times the folded VHA model
-    dtype_name, why = choose_decode_dtype(device_type, dtype, probe.to(device))
+    probe = models.get("vha_folded") or next(iter(models.values()))  # "auto" plans on the folded VHA model
+    if device_type == "cpu" and dtype == "auto":  # nanovha/plan.py: timed on this model at both ends of the contexts
+        plan = decode_plan(probe, compile_cache or default_folder(), (min(ctxs), max(ctxs)), build=compile == "aot",
+                           runtimes=("compiled", "eager") if compile == "aot" else ("eager",), by="bench_decode.py")
+        dtype_name, why = plan.dtype, f"{plan.dtype} (plan: {plan.line})"
+    else:
+        dtype_name, why = choose_decode_dtype(device_type, dtype)
     ptdtype = getattr(torch, dtype_name)
     for model in models.values():
         model.to(device, ptdtype)
@@ -459,7 +466,7 @@ def run_decode():
     for runner, _ in runners.values():
         runner.close()
     if plot:
-        plot_decode(rows, ctxs, plot, dtype_name)
+        plot_decode(rows, ctxs, plot, runtimes, f"decode on {device} ({dtype_name}, batch {batch_size}, {runtimes[0]})")
     return dict(mode="decode", device=device, cpu=cpu_kind() if device_type == "cpu" else None, dtype=dtype_name,
                 dtype_reason=why, threads=torch.get_num_threads(), batch_size=batch_size, decode_impl=decode_impl,
                 compile=compile, runtimes=runtimes, weight_layout=weight_layout,
@@ -469,31 +476,6 @@ def run_decode():
                 results=rows, compile_costs=list(costs.values()), breakdown=list(breakdown.values()), targets=targets,
                 llama_cpp=dict(version=llamacpp.version(), ours_over_llama_cpp=ratios) if runners else None,
                 compile_counters=compile_counters() if compile == "graphs" else None)
-
-
-def plot_decode(rows, ctxs, path, dtype_name):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for name, runtime in dict.fromkeys((r["variant"], r["runtime"]) for r in rows):
-        mine = [r for r in rows if (r["variant"], r["runtime"]) == (name, runtime)]
-        label = name if runtime in (runtimes[0], "llama.cpp") else f"{name} ({runtime})"
-        style = ":" if runtime == "eager" and len(runtimes) == 2 else "--" if "vha" in name else "-"
-        for ax, key in zip(axes, ("decode_tok_s", "kv_cache_mb")):
-            if key == "decode_tok_s" or runtime == runtimes[0]:
-                ax.plot([r["ctx"] for r in mine], [r[key] for r in mine], marker="o", label=label, ls=style)
-    for ax, label in zip(axes, ("decode tokens/s", "KV cache allocated (MB)")):
-        ax.set(xscale="log", xlabel="context (tokens)", ylabel=label)
-        ax.set_xticks(ctxs, [f"{c // 1024}K" if c % 1024 == 0 else str(c) for c in ctxs])
-        ax.minorticks_off()
-        ax.grid(alpha=0.3)
-    axes[1].set_yscale("log")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"decode on {device} ({dtype_name}, batch {batch_size}, {runtimes[0]})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":  # a test may import this file to call resolve_auto

@@ -27,10 +27,10 @@ from data.common import read_bin
 from model import fold_to_gqa
 from nanovha import llamacpp
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
-from nanovha.compiled_decode import compiled_decode, default_folder
+from nanovha.compiled_decode import default_folder
 from nanovha.config import flat_defaults, settings
 from nanovha.gguf import GGUF_DTYPES, gguf_export_problem, write_gguf
-from nanovha.hardware import choose_decode_dtype
+from nanovha.plan import context_range, decode_plan
 from nanovha.health import layer_health
 from nanovha.outputs import Busy, clobber_problem, holding, run_folder_problem, writable_problem
 from nanovha.qwen3 import hf_compare, hf_export_problem, write_hf
@@ -48,8 +48,10 @@ batch_size = 4
 gen_tokens = 200  # greedy tokens that must come out identical
 seed = 1337
 device = "cpu"
-compile_decode = True  # CPU: also build the folded model's compiled decode step, which sample.py then loads
-compile_cache = ""  # where compiled packages are kept ("": $NANOVHA_CACHE/compiled, ~/.cache/nanovha/compiled)
+compile_decode = True  # CPU: also build the folded model's compiled decode steps and time the plan sample.py reads
+compile_cache = ""  # where compiled packages and plans are kept ("": $NANOVHA_CACHE/compiled)
+plan_tokens = 500  # the generation the decode plan is timed for (sample.py's default max_new_tokens)
+replan = False  # measure the decode plan again even if one is kept for this shape and machine
 defaults = flat_defaults(globals())
 LIMITS = {"eval_batches": ">= 1", "batch_size": ">= 1", "gen_tokens": ">= 1",
           "gguf_dtype": GGUF_DTYPES}
@@ -363,14 +365,17 @@ def fold_run(src, dst):
 
 
 def build_decode(deployed):
-    """The folded model's compiled decode step (nanovha/compiled_decode.py), as sample.py --ckpt_name=<out_name>
-    looks it up: its weights in the dtype sample.py's dtype=auto picks, in the decode layout, batch 1."""
-    dtype, _ = choose_decode_dtype("cpu", "auto", deployed)
-    model = copy.deepcopy(deployed).to(getattr(torch, dtype)).eval().use_decode_layout()
-    print(f"building the compiled decode step for sample.py ({dtype}; --compile_decode=False skips it) ...")
-    step = compiled_decode(model, compile_cache or default_folder())
-    print(f"compiled decode step: {step.path} ({'built' if step.built else 'cached already, loaded'} in "
-          f"{step.seconds:.0f} s); sample.py --out_dir={out_dir} --ckpt_name={out_name} loads it")
+    """The folded model's decode plan for sample.py's default generation (nanovha/plan.py): the compiled steps built
+    for float32 and bf16 where native, then every candidate timed; sample.py (on this checkpoint or on the VHA one,
+    which it folds into the same weights) reads the plan and loads the package it chose."""
+    reach = context_range(1, 1 + plan_tokens)
+    print(f"planning decode for sample.py (contexts {reach[0]}-{reach[1]}): building the compiled steps, then timing "
+          f"them against eager (--compile_decode=False skips this) ...")
+    t0 = time.time()
+    plan = decode_plan(deployed, compile_cache or default_folder(), reach, build=True, replan=replan, by="fold.py")
+    print(f"plan: {plan.line}")
+    print(f"decode plan ready in {time.time() - t0:.0f} s: sample.py --out_dir={out_dir} --ckpt_name={out_name} runs "
+          f"{plan.runtime} {plan.dtype}" + (f" ({plan.step.path})" if plan.step else ""))
 
 
 if __name__ == "__main__":

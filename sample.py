@@ -6,7 +6,6 @@ Samples from a trained model (VHA, GQA or folded) with the KV cache:
     python sample.py --start=FILE:prompt.txt
     python sample.py --hf_dir=Qwen3-0.6B --start="The capital of France is" --temperature=0   # a Qwen3 folder
 """
-import copy
 import os
 import sys
 import time
@@ -15,9 +14,11 @@ import torch
 
 from data.common import load_tokenizer
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
-from nanovha.compiled_decode import compiled_decode, default_folder
+from model import fold_to_gqa
+from nanovha.compiled_decode import default_folder
 from nanovha.config import flat_defaults, settings, stop_if
 from nanovha.hardware import choose_decode_dtype, memory_problem
+from nanovha.plan import context_range, decode_plan
 from nanovha.qwen3 import model_from_hf
 
 out_dir = "out"
@@ -30,10 +31,14 @@ temperature = 0.8  # 0 = greedy
 top_k = 200
 seed = 1337
 device = "auto"
-dtype = "auto"  # weights: auto (CUDA: bf16; a CPU times float32 against bf16 where native), float32, bfloat16, float16
-compile = "auto"  # the decode step. auto: a compiled one if cached for this model and machine, else eager; True:
-# build one if needed (CPU: an AOTInductor package, about a minute on 2 cores, then cached; CUDA: CUDA graphs); False
-compile_cache = ""  # where compiled packages are kept ("": $NANOVHA_CACHE/compiled, ~/.cache/nanovha/compiled)
+dtype = "auto"  # weights and cache: auto (CUDA bf16; a CPU follows the plan, nanovha/plan.py), float32, bfloat16
+compile = "auto"  # the decode step. auto: the plan's pick of eager or a compiled step cached for this model (fold.py
+# builds them); True: build one if needed (CPU: an AOTInductor package, a minute, then cached; CUDA: CUDA graphs)
+compile_cache = ""  # where compiled packages and plans are kept ("": $NANOVHA_CACHE/compiled)
+replan = False  # CPU: measure the plan again rather than use the one kept for this model shape and machine
+fold = True  # a VHA checkpoint decodes as the GQA model it folds into (exact, as fold.py proves; the same weights as
+# its ckpt_folded.pt, so the same plan, package and text); False: premix and postmix run as trained
+RUNTIMES = {"auto": ("compiled", "eager"), "True": ("compiled",), "False": ("eager",)}
 LIMITS = {"num_samples": ">= 1", "max_new_tokens": ">= 1", "temperature": ">= 0", "top_k": ">= 1",
           "dtype": ("auto", "float32", "bfloat16", "float16"), "compile": ("auto", "True", "False")}
 config = settings(flat_defaults(globals()), sys.argv[1:], optional={"top_k": int}, limits=LIMITS)  # top_k None: all
@@ -53,6 +58,10 @@ try:
     encode, decode = load_tokenizer(meta)
 except (FileNotFoundError, ImportError, ValueError) as e:
     sys.exit(f"error: {e}" if path in str(e) else f"error: {path}: {e}")
+if fold and model.cfg.attn == "vha":
+    model = fold_to_gqa(model.eval())
+    print(f"decoding {path} folded into plain GQA (exact; --fold=False runs premix and postmix as trained)",
+          file=sys.stderr)
 
 if start.startswith("FILE:"):
     try:
@@ -77,35 +86,23 @@ if len(prompt) + max_new_tokens > block:
     print(f"note: generating up to position {len(prompt) + max_new_tokens}, past the trained context of {block}",
           file=sys.stderr)
 
-# the decode step: compiled where a package for this model and machine is cached (fold.py builds one for the folded
-# checkpoint) or where asked for; eager otherwise, which wins for short generations (docs/benchmarks.md)
+# the decode step: on a CPU the plan for this model's shape and this machine (nanovha/plan.py) picks the dtype and
+# the runtime (a compiled package fold.py built, or eager) by timings made on this work; CUDA keeps its rule
 step, device_type, model = None, device.split(":")[0], model.eval()
-if device_type == "cpu" and compile == "auto" and dtype == "auto":  # a step fold.py built, in the dtype it chose
-    for cached_dtype in ("float32", "bfloat16"):
-        candidate = copy.deepcopy(model).to(getattr(torch, cached_dtype)).use_decode_layout()
-        step = compiled_decode(candidate, compile_cache or default_folder(), build_it=False)
-        if step is not None:
-            dtype_reason = f"{cached_dtype}: the compiled step cached for this model"
-            model, dtype = candidate, cached_dtype
-            break
-if step is None:
-    dtype, dtype_reason = choose_decode_dtype(device_type, dtype, model)
-    model = model.to(getattr(torch, dtype)).eval()
-    if device_type == "cpu":  # faster one-token matrix-vector products on CPU (measured in bench_decode.py)
-        model.use_decode_layout()
-if device_type == "cpu" and compile != "False" and step is None:
-    step = compiled_decode(model, compile_cache or default_folder(), build_it=compile == "True")
-elif device_type == "cuda" and compile == "True":
-    step = torch.compile(model.decode_one_token, fullgraph=True, mode="reduce-overhead")
-if step is not None and device_type == "cpu":
-    how = f"compiled ({os.path.basename(step.path)}, {'built' if step.built else 'loaded'} in {step.seconds:.1f} s)"
-elif step is not None:
-    how = "compiled (CUDA graphs, at the first token)"
-elif device_type == "cpu" and compile == "auto":
-    how = "eager; --compile=True builds a compiled step for this model once (a minute or so), later runs load it"
+if device_type == "cpu":
+    reach = context_range(len(prompt), len(prompt) + max_new_tokens)
+    plan = decode_plan(model, compile_cache or default_folder(), reach, dtypes=None if dtype == "auto" else [dtype],
+                       runtimes=RUNTIMES[compile], build=compile == "True", replan=replan)
+    model, step, dtype = plan.model, plan.step, plan.dtype
+    how = "eager" if step is None else f"compiled: {os.path.basename(step.path)}"
+    hint = "; --compile=True builds a compiled step for this model once" if step is None and compile == "auto" else ""
+    print(f"plan: {plan.line}\ndecode {how}{hint}", file=sys.stderr)
 else:
-    how = "eager"
-print(f"dtype {dtype_reason}; decode {how}", file=sys.stderr)
+    dtype, dtype_reason = choose_decode_dtype(device_type, dtype)
+    model = model.to(getattr(torch, dtype)).eval()
+    if device_type == "cuda" and compile == "True":
+        step = torch.compile(model.decode_one_token, fullgraph=True, mode="reduce-overhead")
+    print(f"dtype {dtype_reason}; decode {'compiled (CUDA graphs)' if step else 'eager'}", file=sys.stderr)
 
 x = torch.tensor(prompt, dtype=torch.long, device=device)[None]
 gen = torch.Generator(device=device).manual_seed(seed)

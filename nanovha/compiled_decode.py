@@ -15,6 +15,7 @@ everything the package depends on: the weights and config, the batch size, torch
 import hashlib
 import json
 import os
+import sys
 import tempfile
 import time
 import warnings
@@ -97,23 +98,69 @@ class CompiledDecode:
         self.model, self.path, self.seconds, self.built = model, path, seconds, built
         self.runner = torch._inductor.aoti_load_package(path)
 
+    @classmethod
+    def checked(cls, model, path, batch_size):
+        """The cached package at path, loaded and checked against eager -> the step, or why it cannot be used."""
+        try:
+            step = cls(model, path, 0.0, False)
+        except Exception as e:  # truncated, empty or not a package: torch raises many kinds here
+            return f"cannot be loaded ({type(e).__name__})"
+        try:
+            problem = package_problem(model, step, batch_size)
+        except Exception as e:  # a package whose inputs do not fit this model
+            problem = f"does not run on this model ({type(e).__name__})"
+        return problem or step
+
     def __call__(self, token, pos):
         return self.runner(token, pos, caches_of(self.model))
 
 
+def package_path(model, folder, batch_size=1, autotune=True):
+    """Where the model's package is (or would be) kept: folder/decode-<key>.pt2."""
+    return os.path.join(folder, f"decode-{package_key(model, batch_size, autotune)}.pt2")
+
+
 def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True):
     """The model's compiled decode step from folder/decode-<key>.pt2, built there first if it is not cached (None
-    when it is not and build_it is False)."""
-    path = os.path.join(folder, f"decode-{package_key(model, batch_size, autotune)}.pt2")
+    when it is not and build_it is False). A cached package is trusted only once it loads and one step of it
+    matches the model's eager step (package_problem); one that does not is rebuilt, or treated as absent, with a
+    one-line note naming the file."""
+    path = package_path(model, folder, batch_size, autotune)
     t0 = time.perf_counter()
     built = not os.path.exists(path)
+    if not built:
+        step = CompiledDecode.checked(model, path, batch_size)
+        if isinstance(step, str):
+            print(f"note: {path}: {step}; " + ("rebuilding it" if build_it else "decoding without it"), file=sys.stderr)
+            built = True
     if built and not build_it:
         return None
     if built:
         build(model, path, batch_size, autotune)
-    step = CompiledDecode(model, path, 0.0, built)
+        step = CompiledDecode(model, path, 0.0, True)
     step.seconds = time.perf_counter() - t0
     return step
+
+
+def package_problem(model, step, batch_size):
+    """Why a loaded package is not this model's decode step (its first logits differ from eager decode's by more
+    than rounding: another model's weights under this key, a package from elsewhere), or None."""
+    caches = [block.attn.kv_cache for block in model.blocks]
+    try:
+        model.setup_cache(batch_size, 4)
+        token = torch.zeros(batch_size, 1, dtype=torch.long, device=model.embed.weight.device)
+        with torch.inference_mode():
+            eager = model.decode_one_token(token, 0).float()
+            model.setup_cache(batch_size, 4)
+            compiled = step(token, torch.tensor([0], device=token.device)).float()
+    finally:
+        for block, cache in zip(model.blocks, caches):
+            block.attn.kv_cache = cache
+    scale = max(1.0, eager.abs().max().item())
+    tolerance = (1e-3 if model.embed.weight.dtype in (torch.float32, torch.float64) else 5e-2) * scale
+    diff = (compiled - eager).abs().max().item() if compiled.shape == eager.shape else float("inf")
+    return None if diff <= tolerance else f"its first step differs from eager decode by {diff:.2g} (a package of " \
+                                          f"another model?)"
 
 
 def default_folder():

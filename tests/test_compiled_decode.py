@@ -67,6 +67,17 @@ def test_compiled_step_equals_eager_decode_at_any_cache_length(tmp_path):
             assert torch.count_nonzero(a.attn.kv_cache.v[:, :, 30:]) == 0
     again = compiled_decode(copy.deepcopy(model), str(tmp_path), autotune=False)
     assert not again.built and again.path == step.path  # found by its key, loaded, not built
+    # a package proves it belongs: another model's weights under this key, or a file that is no package, is a
+    # one-line note and then absent (build_it=False) or rebuilt, never a traceback or another model's text
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(-1)
+    other_path = os.path.join(tmp_path, f"decode-{package_key(other, 1, autotune=False)}.pt2")
+    for bad in (open(step.path, "rb").read(), b"", b"not a package"):
+        with open(other_path, "wb") as f:
+            f.write(bad)
+        assert compiled_decode(other, str(tmp_path), autotune=False, build_it=False) is None
+    assert compiled_decode(model, str(tmp_path), autotune=False, build_it=False) is not None  # the right one stays
 
 
 @pytest.mark.slow  # two AOTInductor builds of tiny models: ~1 min
@@ -86,17 +97,30 @@ def test_decode_benchmark_times_the_compiled_step_beside_eager(tmp_path):
     assert not again["compile_costs"][0]["built"]  # the second run loads the package the first one built
 
 
-@pytest.mark.slow  # an AOTInductor build with max_autotune: ~40 s
-def test_fold_builds_the_step_sample_loads(char_data, tmp_path):
+@pytest.mark.slow  # AOTInductor builds with max_autotune: ~40 s each, one per dtype the plan weighs
+def test_fold_plans_and_sample_follows_the_plan_with_the_same_text(char_data, tmp_path):
+    """fold.py builds a package per candidate dtype and times the plan; sample.py then follows it on the folded
+    checkpoint and on the VHA one (folded at load into the same weights): same plan, same greedy text, nothing built.
+    The compiled step and eager decode agree in float32."""
     from conftest import TINY_MODEL
+    from nanovha.hardware import cpu_bf16_support
+    env = {"NANOVHA_CACHE": str(tmp_path / "cache")}
     run("train.py", f"--data_dir={char_data}", f"--out_dir={tmp_path}", "--max_iters=150", "--eval_interval=150",
         "--attn=vha", "--dtype=float32", *TINY_MODEL)
-    report = run("fold.py", f"--out_dir={tmp_path}", "--gen_tokens=10").stdout
-    assert "compiled decode step: " in report and "(built in" in report
-    sample = ["sample.py", f"--out_dir={tmp_path}", "--ckpt_name=ckpt_folded.pt", "--temperature=0", "--start=ROMEO:",
-              "--num_samples=1", "--max_new_tokens=40"]
-    compiled, eager = run(*sample), run(*sample, "--compile=False")
-    assert "decode compiled (decode-" in compiled.stderr and "loaded in" in compiled.stderr
-    assert "decode eager" in eager.stderr
+    report = run("fold.py", f"--out_dir={tmp_path}", "--gen_tokens=10", env=env).stdout
+    assert "plan: " in report and "measured now" in report and "decode plan ready in" in report
+    packages = lambda: sorted(f for f in os.listdir(tmp_path / "cache" / "compiled") if f.startswith("decode-"))
+    built = packages()
+    assert len(built) == (2 if cpu_bf16_support()[0] else 1)  # float32, and bf16 where native
+    sample = ["sample.py", f"--out_dir={tmp_path}", "--temperature=0", "--start=ROMEO:", "--num_samples=1",
+              "--max_new_tokens=40"]
     text = lambda proc: proc.stdout.split("\n---------------")[0]  # the prompt and 40 tokens, before the timing line
-    assert text(compiled) == text(eager) and len(text(eager).strip()) > len("ROMEO:") + 10
+    plan_of = lambda proc: next(line for line in proc.stderr.splitlines() if line.startswith("plan: ")).split(":")[1]
+    folded, trained = run(*sample, "--ckpt_name=ckpt_folded.pt", env=env), run(*sample, env=env)
+    assert "folded into plain GQA" in trained.stderr and "plan of " in folded.stderr
+    assert plan_of(folded) == plan_of(trained) and text(folded) == text(trained)  # the same model, the same plan
+    assert len(text(folded).strip()) > len("ROMEO:") + 10 and packages() == built
+    fp32 = [*sample, "--ckpt_name=ckpt_folded.pt", "--dtype=float32"]
+    compiled, eager = run(*fp32, "--compile=True", env=env), run(*fp32, "--compile=False", env=env)
+    assert "decode compiled: decode-" in compiled.stderr and "decode eager" in eager.stderr
+    assert text(compiled) == text(eager) and packages() == built

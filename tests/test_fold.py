@@ -116,10 +116,12 @@ def test_folded_checkpoint_is_plain_gqa_and_samples_the_same_text(folded_run):
             and folded["iter_num"] == source["iter_num"])
     model = model_from_checkpoint(folded)
     assert model.cfg.attn == "gqa" and not any("mix" in name for name in model.state_dict())
-    texts = [run("sample.py", f"--out_dir={out}", f"--ckpt_name={name}", "--start=ROMEO:", "--num_samples=1",
-                 "--max_new_tokens=100", "--temperature=0", "--device=cpu", env=ONE_THREAD).stdout.split("\n---")[0]
-             for name in ("ckpt.pt", "ckpt_folded.pt")]
-    assert texts[0].startswith("ROMEO:") and len(texts[0]) > 100 and texts[0] == texts[1]
+    runs = [(name, *flags) for name in ("ckpt.pt", "ckpt_folded.pt") for flags in [(), ("--dtype=float32",)]]
+    runs.append(("ckpt.pt", "--fold=False", "--dtype=float32"))  # premix and postmix as trained, eager
+    args = ["--start=ROMEO:", "--num_samples=1", "--max_new_tokens=100", "--temperature=0", "--device=cpu"]
+    texts = [run("sample.py", f"--out_dir={out}", f"--ckpt_name={name}", *args, *flags, env=ONE_THREAD).stdout
+             .split("\n---")[0] for name, *flags in runs]
+    assert texts[0].startswith("ROMEO:") and len(texts[0]) > 100 and len(set(texts)) == 1
 
 
 def test_plot_and_table(folded_run):
