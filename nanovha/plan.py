@@ -12,9 +12,10 @@ by median wins outright only where it beats the others by more than `margin` in 
 of 5; otherwise the safest candidate that it cannot be told apart from is kept (the order of the candidates is their
 safety: float32 before bf16). A bf16 whose warm-up already takes 3x float32's is emulated: out after that one call.
 
-A busy machine: the other processes' CPU time during the timing is read from /proc/stat (others_busy). A plan made
-while they used over a quarter of a core is kept for the run that made it, marked provisional, and measured again by
-the next command that finds it so. `replan=True` measures again in any case.
+A busy machine: the other processes' CPU time during the timing is read from /proc/stat (others_busy). Where they
+used over a quarter of a core, leaving the safe choice takes a 25% margin (noise then is large, and only a large gap
+survives it), and the plan is kept for the run that made it, marked provisional, and measured again by the next
+command that finds it so. `replan=True` measures again in any case.
 
 A plan file (plan-<key>.json) is keyed by what the timings depend on: the model's shape (not its weights), the
 candidates, the CPU, torch and the thread count. It holds one job per range of contexts, each with its timings,
@@ -35,6 +36,7 @@ import torch
 from nanovha.hardware import cpu_bf16_support, cpu_kind
 
 MARGIN = 0.05  # a candidate is beaten when the fastest is more than 5% faster
+BUSY_MARGIN = 0.25  # the margin when other processes were busy: only a large gap leaves the safe choice then
 ROUNDS = 5
 MIN_S = 0.1  # seconds per candidate per round: fifty 2-ms steps, one 0.3-s training step
 BUSY_CORES = 0.25  # other processes' use of the CPU above which a plan is provisional
@@ -79,6 +81,11 @@ def choose(times, margin=MARGIN):
     clear = all(name == chosen or beaten(times, name, chosen, margin) or beaten(times, chosen, name, margin)
                 for name in times)
     return chosen, clear
+
+
+def margin_for(busy_cores):
+    """The margin a choice needs: MARGIN on a quiet machine, BUSY_MARGIN where other processes were busy."""
+    return BUSY_MARGIN if busy_cores is not None and busy_cores > BUSY_CORES else MARGIN
 
 
 def others_busy(read=None):
@@ -147,12 +154,13 @@ def describe(job, chosen, unit, available=None):
         return f"{seconds * 1e3:.3f} ms/{unit}" if seconds < 0.1 else f"{seconds:.3f} s/{unit}"
     others = sorted((s, name) for name, s in job["seconds"].items() if name != chosen)
     figures = " vs ".join([fmt(job["seconds"][chosen])] + [f"{name} {fmt(s)}" for s, name in others])
-    fastest = min(job["seconds"], key=job["seconds"].get)
-    tie = ("" if job["clear"] else f" (not told apart from {fastest} by the {MARGIN:.0%} margin: the safer kept)"
-           if fastest != chosen else f" (the fastest, not told apart from every other by the {MARGIN:.0%} margin)")
+    fastest, margin = min(job["seconds"], key=job["seconds"].get), margin_for(job["busy_cores"])
+    tie = ("" if job["clear"] else f" (not told apart from {fastest} by the {margin:.0%} margin: the safer kept)"
+           if fastest != chosen else f" (the fastest, not told apart from every other by the {margin:.0%} margin)")
     absent = available and job["chosen"] not in available
     missing = f"; {job['chosen']} has no package for these weights" if absent else ""
     busy = "" if job["busy_cores"] is None else f", other processes {job['busy_cores']:.2f} cores"
+    busy += f", {margin:.0%} margin"
     when = "measured now" if job.get("fresh") else f"plan of {job['when']} by {job['by']}"
     provisional = ", PROVISIONAL: measured again next time" if job["provisional"] else ""
     return (f"{chosen}{tie}: {figures}{missing} on this CPU ({cpu_kind()}), timed on this model; "
@@ -182,9 +190,10 @@ def train_plan(step, key_parts, folder, replan=False, clock=time.perf_counter, b
     else:
         rounds = ROUNDS if max(first.values()) < 2 else 3
         times, _ = measure(fns, clock, rounds=rounds, min_s=0, warmup=False)
-        how = f"{rounds} interleaved steps each after a warm-up, {MARGIN:.0%} margin"
-    chosen, clear = choose(times)
-    job = job_record(times, first, chosen, clear, stop(), by, how)
+        how = f"{rounds} interleaved steps each after a warm-up"
+    busy = stop()
+    chosen, clear = choose(times, margin_for(busy))
+    job = job_record(times, first, chosen, clear, busy, by, how)
     note = write_plan(path, dict(kind="train", machine=cpu_kind(), torch=torch.__version__), dict(jobs, train=job))
     return chosen, describe(dict(job, fresh=True), chosen, "step") + (f"; {note}" if note else "")
 
@@ -285,8 +294,8 @@ def measure_decode(models, steps, names, contexts, clock, by):
         for block in model.blocks:
             block.attn.kv_cache = None
     times = {n: [a + b for a, b in zip(per_ctx[0][n], per_ctx[1][n])] for n in names}
-    chosen, clear = choose(times)
-    how = (f"contexts {contexts[0]} and {contexts[1]}, {ROUNDS} interleaved rounds of >= {MIN_S} s per candidate, "
-           f"{MARGIN:.0%} margin")
-    job = job_record(times, {}, chosen, clear, stop(), by, how)
+    busy = stop()
+    chosen, clear = choose(times, margin_for(busy))
+    how = f"contexts {contexts[0]} and {contexts[1]}, {ROUNDS} interleaved rounds of >= {MIN_S} s per candidate"
+    job = job_record(times, {}, chosen, clear, busy, by, how)
     return dict(job, seconds={n: t / 2 for n, t in job["seconds"].items()})

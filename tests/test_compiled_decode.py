@@ -115,9 +115,11 @@ def test_fold_plans_and_sample_follows_the_plan_with_the_same_text(char_data, tm
     sample = ["sample.py", f"--out_dir={tmp_path}", "--temperature=0", "--start=ROMEO:", "--num_samples=1",
               "--max_new_tokens=40"]
     text = lambda proc: proc.stdout.split("\n---------------")[0]  # the prompt and 40 tokens, before the timing line
-    plan_of = lambda proc: next(line for line in proc.stderr.splitlines() if line.startswith("plan: ")).split(":")[1]
+    plan_of = lambda proc: next(line for line in proc.stderr.splitlines()
+                                if line.startswith("plan: ")).split(":")[1].split("(")[0].strip()
     folded, trained = run(*sample, "--ckpt_name=ckpt_folded.pt", env=env), run(*sample, env=env)
-    assert "folded into plain GQA" in trained.stderr and "plan of " in folded.stderr
+    assert "folded into plain GQA" in trained.stderr
+    assert "plan of " in folded.stderr or "PROVISIONAL" in report  # fold.py's plan, unless made on a busy machine
     assert plan_of(folded) == plan_of(trained) and text(folded) == text(trained)  # the same model, the same plan
     assert len(text(folded).strip()) > len("ROMEO:") + 10 and packages() == built
     fp32 = [*sample, "--ckpt_name=ckpt_folded.pt", "--dtype=float32"]
