@@ -10,9 +10,11 @@ What is compiled: model(token, start_pos=pos), the static-shape decode path of m
 inputs of any length (written in place) and the weights baked in as constants. Inductor fuses each norm, RoPE and
 softmax into one C++ loop and, with max_autotune, generates the matrix-vector products from its C++ GEMM template
 for these exact shapes and thread count; the C++ wrapper calls them with no Python between kernels. The key names
-everything the package depends on: the weights and config, the batch size, torch, the CPU and the thread count.
+everything the package depends on: the weights, config and code (model.py, this file), the batch size, torch, the CPU
+and the thread count; a cached package is checked against eager decode before it is used.
 """
 import hashlib
+import inspect
 import json
 import os
 import sys
@@ -43,16 +45,24 @@ def caches_of(model):
     return [t for block in model.blocks for t in (block.attn.kv_cache.k, block.attn.kv_cache.v)]
 
 
+def source_digest(obj):
+    """sha256 of the file that defines obj: a package bakes in the code it was traced from (model.py, this file), so
+    an edit to either makes a new key instead of loading a step of the old code."""
+    with open(inspect.getsourcefile(obj), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
 def package_key(model, batch_size, autotune=True):
     """sha256 (hex, 16 characters) of what a package depends on: the weights, the config, the batch size, how it was
-    compiled, torch, the CPU as torch sees it, and the thread count (the GEMM template splits the work by it). The
+    compiled, the code it was traced from, torch, the CPU as torch sees it, and the thread count (the GEMM template splits the work by it). The
     weights' memory order (GPT.use_decode_layout) is part of it: the package bakes them in as they are laid out."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(str((t.dtype, tuple(t.shape), t.stride())).encode())
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    env = [repr(model.cfg), batch_size, autotune, torch.__version__, cpu_kind(), torch.get_num_threads()]
+    env = [repr(model.cfg), batch_size, autotune, torch.__version__, cpu_kind(), torch.get_num_threads(),
+           source_digest(type(model)), source_digest(DecodeStep)]
     h.update(json.dumps(env, default=str).encode())
     return h.hexdigest()[:16]
 
