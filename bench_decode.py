@@ -406,11 +406,15 @@ def check_targets(models, at, breakdown, top, op_floor_ms, dtype_name):
     return targets
 
 
-def llama_ratios(at, runners, ctxs):
+def llama_ratios(at, runners, ctxs, breakdown):
     """Our decode tok/s over llama.cpp's, same model, per context and runtime -> {runner: {runtime: {ctx: ratio}}},
-    printed, with the target (>= 1.0x from 1K on) for the first runtime."""
+    printed, with the targets for the first runtime: >= 1.0x from 1K on, a fixed cost per token (context 1) at most
+    llama.cpp's."""
     ratios = {}
     for name, (_, base) in runners.items():
+        ours, theirs_fixed = breakdown[base]["ms_ctx1"], breakdown[name]["ms_ctx1"]
+        print(f"\nfixed cost per token (context 1), {base}: ours ({runtimes[0]}) {ours:.2f} ms, llama.cpp "
+              f"{theirs_fixed:.2f} ms: {ours / theirs_fixed:.2f}x theirs  <= 1x: {verdict(ours <= theirs_fixed)}")
         theirs = {ctx: at[(name, "llama.cpp", ctx)]["decode_tok_s"] for ctx in ctxs}
         ratios[name] = {r: {ctx: at[(base, r, ctx)]["decode_tok_s"] / theirs[ctx] for ctx in ctxs} for r in runtimes}
         for runtime, by_ctx in ratios[name].items():
@@ -462,7 +466,7 @@ def run_decode():
     costs = compile_costs(models, at, ctxs[0], compiled, first_calls[ctxs[0]]) if len(runtimes) == 2 else {}
     breakdown, op_floor_ms, flops_peak = breakdown_at(models, at, top, bw, runners, compiled, ptdtype)
     targets = check_targets(models, at, breakdown, top, op_floor_ms, dtype_name)
-    ratios = llama_ratios(at, runners, ctxs)
+    ratios = llama_ratios(at, runners, ctxs, breakdown)
     for runner, _ in runners.values():
         runner.close()
     if plot:
