@@ -213,6 +213,9 @@ class Attention(nn.Module):
             k, v = self.kv_cache.update(start_pos, k, v)  # (B, H_kv, start_pos+T, d); static: the whole cache
         if T == 1 and start_pos is not None and (cfg.decode_impl == "grouped" or static):
             visible = torch.arange(k.size(2), device=k.device) <= start_pos if static else None  # (max_len,): written
+            if static and k.size(1) == q.size(1):  # one query per KV head (MHA): SDPA reads K/V once as well, where
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None])  # inductor would lower the
+                # one-row matmuls of grouped_decode_attention to slow generated reductions
             return grouped_decode_attention(q, k, v, visible)
         if cfg.attn_impl == "plain":
             return plain_attention(q, k, v)
@@ -315,12 +318,14 @@ class MLAttention(nn.Module):
         """One decoded token, attention over the cached latents. -> (B, H, 1, d)"""
         H, d, r = self.cfg.n_head, self.cfg.head_dim, self.cfg.mla_kv_rank
         W_uk, W_uv = self.kv_up.weight.view(H, 2 * d, r).split([d, d], dim=1)  # (H, d, r) each
-        q_latent = q_nope @ W_uk  # (B, H, 1, d) @ (H, d, r) -> (B, H, 1, r): W_uk,h^T q_C,h
-        scores = q_latent @ c_kv.transpose(-2, -1) + q_rope @ k_rope.transpose(-2, -1)  # (B, H, 1, Tk)
+        q_latent = (q_nope @ W_uk).transpose(1, 2)  # (B, H, 1, d) @ (H, d, r) -> (B, 1, H, r): W_uk,h^T q_C,h
+        # every head reads the one latent as a KV head shared by H queries: one matmul reads the cache once
+        # (a (B, H, 1, r) query would broadcast c_kv to every head, copying it H times)
+        scores = q_latent @ c_kv.transpose(-2, -1) + q_rope.transpose(1, 2) @ k_rope.transpose(-2, -1)  # (B, 1, H, Tk)
         scores = scores / math.sqrt(d + q_rope.size(-1))
         if visible is not None:
             scores = scores.masked_fill(~visible, float("-inf"))
-        a_latent = scores.softmax(dim=-1) @ c_kv  # (B, H, 1, r): sum_t p_t c_t
+        a_latent = (scores.softmax(dim=-1) @ c_kv).transpose(1, 2)  # (B, 1, H, r) -> (B, H, 1, r): sum_t p_t c_t
         return a_latent @ W_uv.transpose(-2, -1)  # (B, H, 1, d): W_uv,h (sum_t p_t c_t)
 
 

@@ -31,10 +31,13 @@ def decode_all(model, x, prompt, static=False):
     return torch.stack(out, 1)
 
 
-@pytest.mark.parametrize("kw", [MLA, dict(MLA, q_rank=16), MFA, dict(MFA, n_kv_head=2, head_dim=8)],
-                         ids=["mla", "mla_q_rank", "mfa", "mfa_2kv"])
+@pytest.mark.parametrize("kw", [MLA, dict(MLA, q_rank=16), MFA, dict(MFA, n_kv_head=2, head_dim=8),
+                                dict(n_kv_head=8), dict(n_kv_head=2)],
+                         ids=["mla", "mla_q_rank", "mfa", "mfa_2kv", "mha", "gqa2"])
 @pytest.mark.parametrize("static", [False, True], ids=["int_pos", "static"])
 def test_cached_decode_equals_the_uncached_forward_float64(kw, static):
+    """Every decode path, the static one of the compiled step included (SDPA for MHA's one query per KV head, the
+    grouped matmuls otherwise, MLA's shared latent), gives the uncached logits."""
     model, x = make(**kw), torch.randint(0, 41, (2, 14), generator=torch.Generator().manual_seed(1))
     full = model(x)[0]
     got = decode_all(model, x, 5, static)
