@@ -355,6 +355,7 @@ def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
         breakdown[name] = dict(variant=name, ms_ctx1=floor_ms[name], weights_ms=weights_ms,
                                overhead_ms=floor_ms[name] - weights_ms, ms_top=r["decode_ms"], kv_ms=kv_ms,
                                kv_gb_s=kv_bytes / kv_ms / 1e6 if kv_ms > 0 else None,
+                               kv_over_roof=kv_ms / (kv_bytes / bw * 1e3) if kv_bytes > 0 else None,
                                roofline_ms=r["mb_per_step"] / bw * 1e9)
         if name in attn_s:
             s = attn_s[name]
@@ -366,7 +367,8 @@ def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
         ("variant", "variant", "{}"), ("ms @ctx 1", "ms_ctx1", "{:.2f}"),
         ("weights at peak BW", "weights_ms", "{:.2f}"), ("ctx 1 - weights", "overhead_ms", "{:.2f}"),
         (f"ms @ctx {top}", "ms_top", "{:.2f}"), ("KV part ms", "kv_ms", "{:.2f}"),
-        ("KV part GB/s", "kv_gb_s", "{:.1f}"), ("roofline ms", "roofline_ms", "{:.2f}")])
+        ("KV part GB/s", "kv_gb_s", "{:.1f}"), ("KV part / its roof", "kv_over_roof", "{:.1f}x"),
+        ("roofline ms", "roofline_ms", "{:.2f}")])
     print(f"pure per-op overhead (same layers and ops at head dim 2, no bandwidth to speak of): "
           f"{floor_ms['op_floor']:.2f} ms/token")
     print(f"\nthe attention alone at context {top} (every layer, random K/V, no projections, eager); matmul peak "
@@ -394,6 +396,8 @@ def check_targets(models, at, breakdown, top, op_floor_ms, dtype_name):
         print(f"  folded VHA decode tok/s >= 3x MHA (each at its faster runtime): {x:.2f}x (the KV parts alone, "
               f"{runtime}: {kv_only}; at the roofline, "
               f"weights + KV at peak bandwidth, no implementation can beat {best:.2f}x)  {verdict(x >= 3)}")
+        print(f"  VHA / MHA at most 1.1x the rooflines' ratio (no baseline handicapped): {x:.2f}x vs {best:.2f}x  "
+              f"{verdict(x <= 1.1 * best)}")
     if f"gqa{vha_kv_head}" in models:
         targets["vha_over_gqa_same"] = x = vha["decode_tok_s"] / at[(f"gqa{vha_kv_head}", runtime, top)]["decode_tok_s"]
         print(f"  folded VHA within 5% of gqa{vha_kv_head} (same deployed shape, built directly): {x:.3f}x  "

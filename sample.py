@@ -58,10 +58,6 @@ try:
     encode, decode = load_tokenizer(meta)
 except (FileNotFoundError, ImportError, ValueError) as e:
     sys.exit(f"error: {e}" if path in str(e) else f"error: {path}: {e}")
-if fold and model.cfg.attn == "vha":
-    model = fold_to_gqa(model.eval())
-    print(f"decoding {path} folded into plain GQA (exact; --fold=False runs premix and postmix as trained)",
-          file=sys.stderr)
 
 if start.startswith("FILE:"):
     try:
@@ -84,6 +80,11 @@ stop_if(memory_problem(cache_bytes, device, f"the KV cache for {len(prompt) + ma
                        "lower --max_new_tokens"))
 if len(prompt) + max_new_tokens > block:
     print(f"note: generating up to position {len(prompt) + max_new_tokens}, past the trained context of {block}",
+          file=sys.stderr)
+
+if fold and model.cfg.attn == "vha":
+    model = fold_to_gqa(model.eval())
+    print(f"decoding {path} folded into plain GQA (exact; --fold=False runs premix and postmix as trained)",
           file=sys.stderr)
 
 # the decode step: on a CPU the plan for this model's shape and this machine (nanovha/plan.py) picks the dtype and
