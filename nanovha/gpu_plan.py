@@ -33,12 +33,25 @@ PLAN = dict(
 SECTIONS = tuple(PLAN)
 
 
-def budget_problem(total_s, chosen=SECTIONS):
-    """Why the chosen sections' limits or this total cannot work, as one line, or None."""
-    limits = sum(PLAN[name][0] for name in chosen)
-    if limits > total_s:
-        return (f"the limits of sections {','.join(chosen)} add up to {limits} s, more than total_s={total_s}: "
-                "raise --total_s or leave sections out")
+def section_limits(text):
+    """"smoke:200,train:150" (a rerun's --section_s) -> {section: limit s}, the plan's for the rest; ValueError (one
+    line) on a bad entry."""
+    limits = {name: limit for name, (limit, _, _) in PLAN.items()}
+    for entry in filter(None, text.split(",")):
+        name, _, seconds = entry.partition(":")
+        if name not in PLAN or not seconds.isdigit() or int(seconds) < 1:
+            raise ValueError(f"section_s takes section:seconds pairs, e.g. smoke:200 (sections {','.join(PLAN)}), "
+                             f"got {entry!r}")
+        limits[name] = int(seconds)
+    return limits
+
+
+def budget_problem(total_s, limits=None):
+    """Why these section limits ({name: s}; the plan's) or this total cannot work, as one line, or None."""
+    limits = limits or {name: limit for name, (limit, _, _) in PLAN.items()}
+    if sum(limits.values()) > total_s:
+        return (f"the limits of sections {','.join(limits)} add up to {sum(limits.values())} s, more than "
+                f"total_s={total_s}: raise --total_s or leave sections out")
     if START_S + 2 * (total_s + CALL_OVERHEAD_S) > DEVICE_S:
         return (f"total_s={total_s} leaves no rerun: a start ({START_S} s) and two runs of {total_s} + "
                 f"{CALL_OVERHEAD_S} s exceed the {DEVICE_S} s of device time")
@@ -126,3 +139,9 @@ def decode_lines(result, copy_gb_s):
             out.append(f"{'':10s} the attention alone {b['attn_ms']:.3f} ms: {b['attn_gb_s']:.0f} GB/s of K/V = "
                        f"{b['attn_gb_s'] / copy_gb_s:.0%} of the measured copy")
     return out
+
+
+def describe(backends, ops):
+    if not backends:
+        return "no SDPA (grouped matmuls)"
+    return ("MATH PATH: " if "math" in backends else "") + "/".join(backends) + f"  ({', '.join(ops)})"

@@ -1,34 +1,27 @@
 """
 The one prepared GPU check, for the GPU machine as it is lent: its own python3 and torch (2.11 or later), no
-package index, no hub, about 15 minutes of device time with the start. One command, seven sections, at most
-total_s (6 minutes, so a rerun fits too: nanovha/gpu_plan.py) in all, nothing to carry:
+package index, no hub, about 15 minutes of device time with the start. Seven sections, most valuable first, in at
+most total_s (6 minutes, so a rerun fits too: nanovha/gpu_plan.py), nothing to carry; docs/gpu.md has the command
+to paste and what each section measures.
 
     python3 scripts/gpu_check.py --report_dir=$OUT               # every section
-    python3 scripts/gpu_check.py --sections=decode --report_dir=$OUT
+    python3 scripts/gpu_check.py --sections=smoke --section_s=smoke:200 --report_dir=$OUT/rerun
     python scripts/gpu_check.py --dry_run=True                   # toy sizes on the CPU: every path that runs there
 
-The smoke section trains on data/shakespeare when it was prepared and carried along, else on data/synthetic, made
-in place in a second without a network (data/synthetic/prepare.py). docs/gpu.md has the command to paste. Each
-section runs as its own process with a time limit (gpu_plan.PLAN, never past total_s); each subprocess it starts
-has the time the section has left. When a section ends, or is cut, report.md and report.json in report_dir are
-written again and its log stays in report_dir/logs, so a timeout keeps whatever was measured. Sections, most
-valuable first, each importing only what it needs:
+1. preflight: versions, the device and its free memory, cc and Python.h, triton, numpy
+2. correctness: bf16 against a float64 reference on every timed path (forward, eager and compiled decode), the fold
+3. smoke: train.py, config/fineweb/vha.py + smoke.py (compile + bf16) on data/shakespeare when carried, else on
+   data/synthetic, made in place offline: the loss must fall
+4. limits: copy bandwidth and a bf16 matmul, beside the spec sheet
+5. train: bench.py, the 120M VHA and its same-deploy GQA twin (compile, bf16, fused AdamW), interleaved
+6. decode: bench_decode.py, MHA and folded VHA under CUDA graphs at 128K, eager beside (launch-bound)
+7. kernels: the SDPA backend (profiler op names) of training, prefill and decode steps; FAIL on the math path
 
-1. preflight: torch and CUDA versions, the device and its free memory, cc and Python.h, triton, numpy
-2. correctness: bf16 logits against a float64 reference on every path the benchmarks time: the uncached forward,
-   folded and unfolded, eager decode (grouped and SDPA) and the compiled one-token step; the fold in float64
-3. smoke: train.py, config/fineweb/vha.py + config/fineweb/smoke.py (compile + bf16): the loss must fall
-4. limits: copy bandwidth (a 1 GiB copy, read + write) and a large bf16 matmul (8192^3), beside the spec sheet
-5. train: bench.py on config/fineweb/vha.py's shape (120M) and its same-deploy GQA twin, compile + bf16 autocast +
-   fused AdamW as in train.py, interleaved: tokens/s, MFU of the spec and of the measured matmul
-6. decode: bench_decode.py, MHA and folded VHA in bf16 under CUDA graphs at 128K (context 1 is the breakdown's
-   floor), eager rows beside them labelled launch-bound; the attention alone; the KV part as a fraction of the
-   measured copy bandwidth
-7. kernels: the SDPA backend (the profiler's op names) of training steps, prefills and decode steps; FAIL on the
-   math path, and a step forced onto it must read as math
-
-Correctness, smoke, train and decode print their compile counters (graphs, graph breaks, CUDA-graph skips); the
-report marks a section that compiled more graphs than planned. Nothing in the tests depends on a GPU.
+Each section runs in its own process group with a time limit, importing only what it needs; each subprocess it
+starts has the time the section has left. report.md and report.json are written again after each section and every
+log stays in report_dir/logs, so a cut keeps what was measured. Correctness, smoke, train and decode print their
+compile counters (graphs, graph breaks, CUDA-graph skips); the report marks a section that compiled more graphs than
+planned. Nothing in the tests depends on a GPU.
 """
 import json
 import os
@@ -42,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from nanovha.config import ConfigError, configure  # noqa: E402
 from nanovha.gpu_plan import (PLAN, SECTIONS, TOTAL_S, budget_problem, counters_line, decode_lines,  # noqa: E402
-                              over_plan, toolchain_lines, train_lines)
+                              describe, over_plan, section_limits, toolchain_lines, train_lines)
 
 # -----------------------------------------------------------------------------
 dry_run = False  # CPU, toy sizes: checks that every step of this script runs
@@ -53,12 +46,13 @@ total_s = TOTAL_S  # the whole check; a section that cannot get 20 s more is ski
 smoke_iters = 100
 decode_variants = "mha,vha_folded"  # mha, mqa, gqaN, vha_folded (vha_folded has gqa2's shape: one of the two)
 contexts = "131072"  # CUDA-graph decode contexts (the breakdown adds context 1)
+section_s = ""  # other limits for a rerun, e.g. "smoke:200,train:150" (the plan's: gpu_plan.PLAN)
 only = ""  # internal: run this one section in this process
 deadline = 0.0  # internal: the section's end, seconds since the epoch
 # -----------------------------------------------------------------------------
 KNOBS = ("dry_run", "sections", "report_dir", "data_dir", "total_s", "smoke_iters", "decode_variants", "contexts",
-         "only", "deadline")
-SECTION_S = {name: limit for name, (limit, _, _) in PLAN.items()}
+         "section_s", "only", "deadline")
+SECTION_S = section_limits("")  # the plan's; --section_s changes some
 TITLES = dict(preflight="1. preflight: versions, the device, what the compiled sections need",
               correctness="2. correctness: bf16 on every timed path vs a float64 reference",
               smoke="3. smoke: train.py (config/fineweb/vha.py + smoke.py), compile + bf16",
@@ -100,7 +94,7 @@ def problems(chosen):
     if "smoke" in chosen and data_dir and not prepared(data_dir):
         return (f"the smoke section trains on {data_dir}/ (train.bin, val.bin, meta.pkl), which is not there: "
                 "give a prepared --data_dir, or none (carried data/shakespeare, else data/synthetic made here)")
-    return budget_problem(total_s, chosen)
+    return budget_problem(total_s, {name: SECTION_S[name] for name in chosen})
 
 
 def say(line):
@@ -263,12 +257,6 @@ def check_correctness():
 
 
 # ---- 3. SDPA kernels ----
-def describe(backends, ops):
-    if not backends:
-        return "no SDPA (grouped matmuls)"
-    return ("MATH PATH: " if "math" in backends else "") + "/".join(backends) + f"  ({', '.join(ops)})"
-
-
 def decode_model(variant, **shape):
     """A decode variant as bench_decode.py builds it: gqaN / mha / mqa directly, vha_folded through fold_to_gqa."""
     from model import GPT, GPTConfig, fold_to_gqa
@@ -478,6 +466,7 @@ if __name__ == "__main__":
         given = [a for a in sys.argv[1:] if not a.startswith(internal)]
         given += [f"--report_dir={report_dir}", f"--data_dir={data_dir}"]
         chosen = parse_sections(sections)
+        SECTION_S = section_limits(section_s)
         problem = None if only else problems(chosen)
         if problem:
             raise ValueError(problem)

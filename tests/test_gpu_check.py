@@ -103,6 +103,10 @@ def test_a_hung_process_and_its_children_are_cut_at_the_limit(gpu_check, tmp_pat
                                      "data/shakespeare, else data/synthetic made here)"),
     (["--total_s=100"], "the limits of sections preflight,correctness,smoke,limits,train,decode,kernels add up to "
                         "{limits} s, more than total_s=100: raise --total_s or leave sections out"),
+    (["--section_s=smoke:abc"], "section_s takes section:seconds pairs, e.g. smoke:200 (sections "
+                                "preflight,correctness,smoke,limits,train,decode,kernels), got 'smoke:abc'"),
+    (["--sections=smoke,train", "--section_s=smoke:300"], "the limits of sections smoke,train add up to 390 s, more "
+                                                          "than total_s={total}: raise --total_s or leave sections out"),
     (["--total_s=400"], "total_s=400 leaves no rerun: a start ({start} s) and two runs of 400 + {overhead} s exceed "
                         "the {device_s} s of device time"),
     (["--sections=limits", "--report_dir={old}"], "report_dir {old} already holds a report: give a new --report_dir "
@@ -115,7 +119,7 @@ def test_gpu_check_bad_setting_is_a_one_line_error(args, message, tmp_path):
     proc = run("scripts/gpu_check.py", "--dry_run=True", f"--report_dir={tmp_path / 'new'}",
                *[a.format(old=old) for a in args], check=False)
     plan = dict(limits=sum(limit for limit, _, _ in gpu_plan.PLAN.values()), start=gpu_plan.START_S,
-                overhead=gpu_plan.CALL_OVERHEAD_S, device_s=gpu_plan.DEVICE_S)
+                overhead=gpu_plan.CALL_OVERHEAD_S, device_s=gpu_plan.DEVICE_S, total=gpu_plan.TOTAL_S)
     assert proc.returncode != 0 and proc.stderr.strip() == f"error: {message.format(old=old, **plan)}"
     assert not proc.stdout
     assert (old / "report.md").read_text() == "an earlier check" and not (tmp_path / "new").exists()
@@ -256,3 +260,31 @@ print("model" in sys.modules, "torch._dynamo" in sys.modules)
     assert said[0].startswith("torch ") and said[1].startswith("device ")
     assert [x.split()[0] for x in said[2:7]] == ["cc", "Python.h", "triton", "numpy", "python"]
     assert said[7].startswith("smoke data: ")
+
+
+def test_the_command_to_paste_is_one_line_under_2000_characters():
+    """docs/gpu.md gives the one command the device tool runs, with its timeout: the check into $OUT, in
+    total_s plus room for the processes' start."""
+    text = open(os.path.join(ROOT, "docs", "gpu.md")).read()
+    block = text.split("<!-- the command to paste -->")[1].split("```")[1]
+    command = [x for x in block.splitlines() if x.startswith("command: ")][0].removeprefix("command: ")
+    timeout = int([x for x in block.splitlines() if x.startswith("timeout_s: ")][0].split()[1])
+    assert len(command) < 2000 and "python3 scripts/gpu_check.py" in command and "--report_dir=$OUT" in command
+    assert gpu_plan.TOTAL_S < timeout <= gpu_plan.TOTAL_S + gpu_plan.CALL_OVERHEAD_S
+
+
+@pytest.mark.slow  # cold compiles on the CPU: about a minute
+def test_the_planned_compile_counts_are_what_the_cpu_counts(tmp_path):
+    """The plan's graphs for train and decode, counted on the CPU at toy size with compile on, the GPU check's
+    variants (the counts do not depend on the size)."""
+    train = last_json(run("bench.py", "--n_layer=1", "--n_embd=64", "--head_dim=16", "--vocab_size=128",
+                          "--batch_size=2", "--block_size=64", "--train_steps=2", "--warmup=1", "--compile=True",
+                          "--device=cpu", "--n_head=16", "--vha_kv_head=2", "--train_variants=vha,gqa2"))
+    assert train["compile_counters"]["compiled_graphs"] == gpu_plan.PLAN["train"][1]
+    gc = load_script("scripts/gpu_check.py")
+    decode = last_json(run("bench_decode.py", "--contexts=128", "--n_layer=1", "--n_embd=64", "--head_dim=16",
+                           "--decode_steps=3", "--warmup=1", "--copy_mib=16", "--compile=graphs", "--eager=False",
+                           "--device=cpu", "--dtype=float32", f"--variants={gc.decode_variants}", "--llama_cpp=False",
+                           env={"MPLCONFIGDIR": str(tmp_path)}))
+    assert decode["compile_counters"]["compiled_graphs"] == gpu_plan.PLAN["decode"][1]
+    assert len(gc.contexts.split(",")) == 1  # the plan counts one context: each adds a graph per variant
