@@ -16,6 +16,7 @@ DEVICE_S = 900
 START_S = 120
 CALL_OVERHEAD_S = 30
 TOTAL_S = 360  # 120 + 2 x (360 + 30) = 900: gpu_check.py's default --total_s
+DRY_RUN_SCALE = 3  # the dry run's limits and total: a busy 2-core CPU compiles correctness's toy step cold in ~50 s
 
 # name: (time limit s, graphs planned on CUDA, how the plan was counted on a CPU). Most valuable first: a section
 # cut by the total still leaves every earlier one reported. Counted with compile on, at toy size (counts do not

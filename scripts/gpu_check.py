@@ -34,8 +34,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from nanovha.config import ConfigError, configure  # noqa: E402
-from nanovha.gpu_plan import (PLAN, SECTIONS, TOTAL_S, budget_problem, counters_line, decode_lines,  # noqa: E402
-                              describe, over_plan, section_limits, toolchain_lines, train_lines)
+from nanovha.gpu_plan import (DRY_RUN_SCALE, PLAN, SECTIONS, TOTAL_S, budget_problem, counters_line,  # noqa: E402
+                              decode_lines, describe, over_plan, section_limits, toolchain_lines, train_lines)
 
 # -----------------------------------------------------------------------------
 dry_run = False  # CPU, toy sizes: checks that every step of this script runs
@@ -470,19 +470,22 @@ if __name__ == "__main__":
         problem = None if only else problems(chosen)
         if problem:
             raise ValueError(problem)
+        if dry_run:  # the budget above is the GPU's; a CPU gets more time for the same sections
+            SECTION_S, total_s = {k: DRY_RUN_SCALE * v for k, v in SECTION_S.items()}, DRY_RUN_SCALE * total_s
     except (ConfigError, ValueError) as e:
         sys.exit(f"error: {e}")
     device = "cpu" if dry_run else "cuda"
     if only:
         run_one(only)
         sys.exit(0)
-    import torch  # the parent only asks whether there is a device: no CUDA context, no GPU memory held
-    if not dry_run and not torch.cuda.is_available():
-        sys.exit("error: no CUDA device: this is the GPU check (use --dry_run to check the script on a CPU)")
+    if not dry_run:
+        import torch  # the parent only asks whether there is a device: no CUDA context, no GPU memory held
+        if not torch.cuda.is_available():
+            sys.exit("error: no CUDA device: this is the GPU check (use --dry_run to check the script on a CPU)")
     header = (f"GPU check, sections {','.join(chosen)} in at most {total_s} s (limits "
               + ", ".join(f"{n} {SECTION_S[n]} s" for n in chosen) + ")"
-              + ("; DRY RUN: toy sizes on the CPU, eager, mostly float32 (no figure here says anything about a GPU)"
-                 if dry_run else ""))
+              + (f"; DRY RUN: toy sizes on the CPU, eager, mostly float32, limits x{DRY_RUN_SCALE} (no figure here "
+                 "says anything about a GPU)" if dry_run else ""))
     done = run_sections(chosen, header, given)
     print("\n" + "=" * 100 + f"\nREPORT ({os.path.join(report_dir, 'report.md')}; paste it into docs/gpu.md)\n"
           + open(os.path.join(report_dir, "report.md")).read())
