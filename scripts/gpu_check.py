@@ -35,7 +35,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from nanovha.config import ConfigError, configure  # noqa: E402
 from nanovha.gpu_plan import (DRY_RUN_SCALE, PLAN, SECTIONS, TOTAL_S, budget_problem, counters_line,  # noqa: E402
-                              decode_lines, describe, over_plan, section_limits, toolchain_lines, train_lines)
+                              decode_graphs, decode_lines, describe, over_plan, section_limits,
+                              toolchain_lines, train_lines)
 
 # -----------------------------------------------------------------------------
 dry_run = False  # CPU, toy sizes: checks that every step of this script runs
@@ -106,13 +107,15 @@ def left():
     return deadline - time.time()
 
 
-def say_counters(name, counters, cuda_graphs):
-    """The section's compile counters beside its plan, FAIL on a graph break or a CUDA-graph skip -> counters."""
-    line, fails = counters_line(counters, PLAN[name][1], cuda_graphs)
+def say_counters(name, counters, cuda_graphs, planned=None):
+    """The section's compile counters beside its plan (planned: the settings' own), FAIL on a graph break or a
+    CUDA-graph skip -> the counters with the plan, for the report's status."""
+    planned = PLAN[name][1] if planned is None else planned
+    line, fails = counters_line(counters, planned, cuda_graphs)
     say(line)
     for fail in fails:
         say(f"FAIL: {fail}")
-    return counters
+    return counters and dict(counters, planned=planned)
 
 
 # ---- processes: a time limit each, the whole process group cut at it, the output in a log ----
@@ -357,7 +360,8 @@ def check_decode():
         f"{copy_gb_s:,.0f} GB/s")
     for line in decode_lines(result, copy_gb_s):
         say(line)
-    counters = say_counters("decode", result.get("compile_counters"), cuda_graphs=not dry_run)
+    planned = decode_graphs(len(decode_variants.split(",")), len(contexts.split(",")))
+    counters = say_counters("decode", result.get("compile_counters"), cuda_graphs=not dry_run, planned=planned)
     return dict(results=result["results"], breakdown=result["breakdown"], compile_counters=counters)
 
 
@@ -426,7 +430,8 @@ def run_sections(chosen, header, argv):
             # done: the section's own lines; cut or crashed: what its log holds after the command line
             said = result["lines"] if result else text.splitlines()[1:]
             status = ("done" if rc == 0 else f"cut at its limit of {limit:.0f} s" if rc is None else f"exited {rc}")
-            status += over_plan(name, ((result or {}).get("figures") or {}).get("compile_counters"))
+            counters = ((result or {}).get("figures") or {}).get("compile_counters") or {}
+            status += over_plan(name, counters, counters.get("planned"))
             failed = rc != 0 or any("FAIL" in x for x in said)
             done.append(dict(name=name, status=status + (" (FAIL)" if failed else ""), wall_s=wall, lines=said))
             print("\n".join(said[-40:]), flush=True)

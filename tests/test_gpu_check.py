@@ -219,6 +219,7 @@ def test_compile_counters_cannot_hide_a_skip_or_a_recompile():
     assert gpu_plan.over_plan("decode", dict(clean, compiled_graphs=planned + 1)) == (
         f" (compiled {planned + 1} graphs, planned {planned})")
     assert gpu_plan.over_plan("decode", dict(clean, compiled_graphs=planned)) == "" == gpu_plan.over_plan("smoke", None)
+    assert gpu_plan.over_plan("decode", dict(clean, compiled_graphs=7), planned=gpu_plan.decode_graphs(3, 1)) == ""
 
 
 def test_smoke_makes_its_data_offline_and_imports_no_torch(tmp_path):
@@ -288,5 +289,5 @@ def test_the_planned_compile_counts_are_what_the_cpu_counts(tmp_path):
                            "--decode_steps=3", "--warmup=1", "--copy_mib=16", "--compile=graphs", "--eager=False",
                            "--device=cpu", "--dtype=float32", f"--variants={gc.decode_variants}", "--llama_cpp=False",
                            env={"MPLCONFIGDIR": str(tmp_path)}))
-    assert decode["compile_counters"]["compiled_graphs"] == gpu_plan.PLAN["decode"][1]
-    assert len(gc.contexts.split(",")) == 1  # the plan counts one context: each adds a graph per variant
+    assert decode["compile_counters"]["compiled_graphs"] == gpu_plan.PLAN["decode"][1] == gpu_plan.decode_graphs(
+        len(gc.decode_variants.split(",")), len(gc.contexts.split(",")))
