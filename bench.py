@@ -17,7 +17,7 @@ from contextlib import nullcontext
 import torch
 
 from nanovha.config import ConfigError, config_file_values, flat_defaults, need, settings
-from nanovha.hardware import gpu_spec, interleaved, print_table, verdict
+from nanovha.hardware import compile_counters, gpu_spec, interleaved, print_table, verdict
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -117,7 +117,8 @@ def run_train():
                        ("MFU", "mfu", "{:.1%}")])
     targets = train_targets(named)
     return dict(mode="train", device=device, dtype=dtype, threads=torch.get_num_threads(), compile=compile,
-                block_size=block_size, batch_size=batch_size, results=rows, targets=targets)
+                block_size=block_size, batch_size=batch_size, results=rows, targets=targets,
+                compile_counters=compile_counters() if compile else None)  # graphs, breaks: one graph per model
 
 
 def train_targets(named):

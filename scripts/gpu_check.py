@@ -1,32 +1,27 @@
 """
 The one prepared GPU check, for the GPU machine as it is lent: its own python3 and torch (2.11 or later), no
-package index, no hub, minutes of time. One command, six sections, at most total_s (8 minutes) in all:
+package index, no hub, about 15 minutes of device time with the start. Seven sections, most valuable first, in at
+most total_s (6 minutes, so a rerun fits too: nanovha/gpu_plan.py), nothing to carry; docs/gpu.md has the command
+to paste and what each section measures.
 
     python3 scripts/gpu_check.py --report_dir=$OUT               # every section
-    python3 scripts/gpu_check.py --sections=decode --report_dir=$OUT
+    python3 scripts/gpu_check.py --sections=smoke --section_s=smoke:200 --report_dir=$OUT/rerun
     python scripts/gpu_check.py --dry_run=True                   # toy sizes on the CPU: every path that runs there
 
-Prepared on a CPU machine and carried along: the smoke section trains on data/shakespeare (GPT-2 BPE bins, a few
-MB; `python data/shakespeare/prepare.py`). docs/gpu.md has the whole recipe. Each section runs as its own process
-with a time limit (SECTION_S, never past total_s); each subprocess it starts has the time the section has left.
-When a section ends, or is cut, report.md and report.json in report_dir are written again and its log stays in
-report_dir/logs, so a timeout keeps whatever was measured. Every figure is set beside a limit measured in the same
-run; nothing is estimated.
+1. preflight: versions, the device and its free memory, cc and Python.h, triton, numpy
+2. correctness: bf16 against a float64 reference on every timed path (forward, eager and compiled decode), the fold
+3. smoke: train.py, config/fineweb/vha.py + smoke.py (compile + bf16) on data/shakespeare when carried, else on
+   data/synthetic, made in place offline: the loss must fall
+4. limits: copy bandwidth and a bf16 matmul, beside the spec sheet
+5. train: bench.py, the 120M VHA and its same-deploy GQA twin (compile, bf16, fused AdamW), interleaved
+6. decode: bench_decode.py, MHA and folded VHA under CUDA graphs at 128K, eager beside (launch-bound)
+7. kernels: the SDPA backend (profiler op names) of training, prefill and decode steps; FAIL on the math path
 
-1. limits: copy bandwidth (a 1 GiB copy, read + write) and a large bf16 matmul (8192^3), beside the spec sheet
-2. correctness: bf16 logits against a float64 reference on every path the benchmarks time: the uncached forward,
-   folded and unfolded, eager decode (grouped and SDPA) and the compiled one-token step; the fold in float64
-3. kernels: the SDPA backend (the profiler's op names) of training steps, prefills and decode steps; FAIL on the
-   math path, and a step forced onto it must read as math
-4. train: bench.py on config/fineweb/vha.py's shape (120M) and its same-deploy GQA twin, compile + bf16 autocast +
-   fused AdamW as in train.py, interleaved: tokens/s, MFU of the spec and of the measured matmul
-5. decode: bench_decode.py, MHA, GQA-2 and folded VHA in bf16 under CUDA graphs at 32K and 128K (context 1 is the
-   breakdown's floor), eager rows beside them labelled launch-bound; the attention alone; the KV part as a
-   fraction of the measured copy bandwidth at 128K; compile counters (graphs, CUDA-graph skips)
-6. smoke: train.py, config/fineweb/vha.py + config/fineweb/smoke.py on the carried bins: the loss must fall
-
-Nothing in the tests depends on a GPU; tests/test_gpu_check.py runs the dry run and feeds made-up GPU results to the
-report code.
+Each section runs in its own process group with a time limit, importing only what it needs; each subprocess it
+starts has the time the section has left. report.md and report.json are written again after each section and every
+log stays in report_dir/logs, so a cut keeps what was measured. Correctness, smoke, train and decode print their
+compile counters (graphs, graph breaks, CUDA-graph skips); the report marks a section that compiled more graphs than
+planned. Nothing in the tests depends on a GPU.
 """
 import json
 import os
@@ -36,37 +31,37 @@ import subprocess
 import sys
 import time
 
-import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from nanovha.config import ConfigError, configure  # noqa: E402
-from nanovha.hardware import copy_bandwidth, gpu_spec, matmul_peak, sdpa_backends  # noqa: E402
-from model import GPT, GPTConfig, fold_to_gqa  # noqa: E402
+from nanovha.gpu_plan import (DRY_RUN_SCALE, PLAN, SECTIONS, TOTAL_S, budget_problem, counters_line,  # noqa: E402
+                              decode_graphs, decode_lines, describe, over_plan, section_limits,
+                              toolchain_lines, train_lines)
 
 # -----------------------------------------------------------------------------
 dry_run = False  # CPU, toy sizes: checks that every step of this script runs
-sections = "limits,correctness,kernels,train,decode,smoke"  # any of them, comma-separated, run in this order
+sections = ",".join(SECTIONS)  # any of them, comma-separated, run in this order
 report_dir = "out-gpu-check"  # report.md, report.json, logs/ (on the lent machine: $OUT)
-data_dir = "data/shakespeare"  # the smoke section's token bins (GPT-2 BPE), prepared on a CPU machine
-total_s = 480  # the whole check; a section that cannot get 20 s more is skipped, and says so
-smoke_iters = 150
-decode_variants = "mha,gqa2,vha_folded"  # mha, mqa, gqaN, vha_folded
-contexts = "32768,131072"  # CUDA-graph decode contexts (the breakdown adds context 1)
+data_dir = ""  # the smoke section's token bins; "": data/shakespeare if prepared, else data/synthetic (made here)
+total_s = TOTAL_S  # the whole check; a section that cannot get 20 s more is skipped, and says so
+smoke_iters = 100
+decode_variants = "mha,vha_folded"  # mha, mqa, gqaN, vha_folded (vha_folded has gqa2's shape: one of the two)
+contexts = "131072"  # CUDA-graph decode contexts (the breakdown adds context 1)
+section_s = ""  # other limits for a rerun, e.g. "smoke:200,train:150" (the plan's: gpu_plan.PLAN)
 only = ""  # internal: run this one section in this process
 deadline = 0.0  # internal: the section's end, seconds since the epoch
 # -----------------------------------------------------------------------------
 KNOBS = ("dry_run", "sections", "report_dir", "data_dir", "total_s", "smoke_iters", "decode_variants", "contexts",
-         "only", "deadline")
-SECTIONS = ("limits", "correctness", "kernels", "train", "decode", "smoke")
-SECTION_S = dict(limits=60, correctness=150, kernels=120, train=300, decode=300, smoke=240)
-TITLES = dict(limits="1. limits: copy bandwidth and a large matmul, measured here",
+         "section_s", "only", "deadline")
+SECTION_S = section_limits("")  # the plan's; --section_s changes some
+TITLES = dict(preflight="1. preflight: versions, the device, what the compiled sections need",
               correctness="2. correctness: bf16 on every timed path vs a float64 reference",
-              kernels="3. SDPA kernels (profiler): training, prefill and decode steps",
-              train="4. train: 120M VHA vs its same-deploy GQA twin (bench.py: compile, bf16, fused AdamW)",
-              decode="5. decode: MHA, GQA-2, folded VHA under CUDA graphs (bench_decode.py), eager beside",
-              smoke="6. smoke: train.py on the carried Shakespeare bins, compile + bf16")
+              smoke="3. smoke: train.py (config/fineweb/vha.py + smoke.py), compile + bf16",
+              limits="4. limits: copy bandwidth and a large matmul, measured here",
+              train="5. train: 120M VHA vs its same-deploy GQA twin (bench.py: compile, bf16, fused AdamW)",
+              decode="6. decode: MHA and folded VHA under CUDA graphs (bench_decode.py), eager beside",
+              kernels="7. SDPA kernels (profiler): training, prefill and decode steps")
+CARRIED, MADE_HERE = os.path.join(ROOT, "data", "shakespeare"), os.path.join(ROOT, "data", "synthetic")
 lines = []  # what this section says: printed as it goes (the log keeps it) and written to its JSON at the end
 
 
@@ -79,7 +74,17 @@ def parse_sections(text):
     return [s for s in SECTIONS if s in names]
 
 
-def problems():
+def prepared(folder):
+    return all(os.path.isfile(os.path.join(folder, f)) for f in ("train.bin", "val.bin", "meta.pkl"))
+
+
+def smoke_data(given):
+    """The smoke section's data: the folder given; else the carried Shakespeare bins when prepared; else
+    data/synthetic (made by the smoke section when missing, offline)."""
+    return given or (CARRIED if prepared(CARRIED) else MADE_HERE)
+
+
+def problems(chosen):
     """Settings that cannot work, as one line, before any section runs; None if all is well."""
     bad = [v for v in decode_variants.split(",")
            if v not in ("mha", "mqa", "vha_folded") and not (v[:3] == "gqa" and v[3:].isdigit())]
@@ -87,12 +92,10 @@ def problems():
         return f"decode_variants: gpu_check knows mha, mqa, gqaN and vha_folded, got {decode_variants!r}"
     if os.path.exists(os.path.join(report_dir, "report.md")):
         return f"report_dir {report_dir} already holds a report: give a new --report_dir (or remove that one)"
-    if "smoke" in parse_sections(sections) and not all(
-            os.path.isfile(os.path.join(data_dir, f)) for f in ("train.bin", "val.bin", "meta.pkl")):
+    if "smoke" in chosen and data_dir and not prepared(data_dir):
         return (f"the smoke section trains on {data_dir}/ (train.bin, val.bin, meta.pkl), which is not there: "
-                "prepare it on a CPU machine (python data/shakespeare/prepare.py) and carry it along, or give "
-                "--data_dir, or leave smoke out of --sections")
-    return None
+                "give a prepared --data_dir, or none (carried data/shakespeare, else data/synthetic made here)")
+    return budget_problem(total_s, {name: SECTION_S[name] for name in chosen})
 
 
 def say(line):
@@ -102,6 +105,17 @@ def say(line):
 
 def left():
     return deadline - time.time()
+
+
+def say_counters(name, counters, cuda_graphs, planned=None):
+    """The section's compile counters beside its plan (planned: the settings' own), FAIL on a graph break or a
+    CUDA-graph skip -> the counters with the plan, for the report's status."""
+    planned = PLAN[name][1] if planned is None else planned
+    line, fails = counters_line(counters, planned, cuda_graphs)
+    say(line)
+    for fail in fails:
+        say(f"FAIL: {fail}")
+    return counters and dict(counters, planned=planned)
 
 
 # ---- processes: a time limit each, the whole process group cut at it, the output in a log ----
@@ -151,8 +165,35 @@ def measured_limits():
     return json.load(open(path))["figures"] if os.path.exists(path) else {}
 
 
-# ---- 1. limits ----
+# ---- 1. preflight ----
+def check_preflight():
+    """One line each, in seconds: what this machine has, and what the compiled sections need besides torch."""
+    import torch
+    from nanovha.hardware import cpu_kind, gpu_spec
+    say(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
+    figures = dict(torch=torch.__version__, cuda=torch.version.cuda, device=f"CPU (dry run): {cpu_kind()}")
+    if device == "cuda":
+        p = torch.cuda.get_device_properties(0)
+        free, total = torch.cuda.mem_get_info()
+        peak, hbm = gpu_spec(p.name)
+        figures.update(device=p.name, peak=peak, hbm=hbm, free_gib=free / 2**30)
+        say(f"device {p.name}, compute capability {p.major}.{p.minor}, {p.multi_processor_count} SMs; memory "
+            f"{free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB; spec " + (
+                f"{peak / 1e12:.0f} TFLOP/s dense bf16, HBM {hbm / 1e12:.2f} TB/s" if hbm else "unknown"))
+    else:
+        say(f"device {figures['device']}")
+    for name, ok, detail in toolchain_lines(cuda=device == "cuda"):
+        say(f"{name:9s} {detail}  {'PASS' if ok else 'FAIL'}")
+    data = smoke_data(data_dir)
+    say(f"smoke data: {data} " + ("(prepared)" if prepared(data) else "(not there: the smoke section makes it)"))
+    return figures
+
+
+# ---- 4. limits ----
 def check_limits():
+    import torch
+    from nanovha.hardware import copy_bandwidth, gpu_spec, matmul_peak
+    peak, hbm = gpu_spec(torch.cuda.get_device_name()) if device == "cuda" else (None, None)
     mib, n = (16, 256) if dry_run else (1024, 8192)
     dtype = torch.float32 if dry_run else torch.bfloat16
     bw, flops = copy_bandwidth(device, mib), matmul_peak(device, dtype, n)
@@ -169,6 +210,9 @@ def max_rel(a, ref):
 
 
 def check_correctness():
+    import torch
+    from model import GPT, GPTConfig, fold_to_gqa
+    from nanovha.hardware import compile_counters
     tol = 5e-2  # bf16: a few rounding steps of ~0.4% each through the layers
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=128, block_size=256, n_layer=2, n_embd=64 if dry_run else 512, n_head=16,
@@ -211,18 +255,14 @@ def check_correctness():
                      max_rel(decoded(f16, "grouped", compiled=True), ref[:, 31:63])}
     for name, d in paths.items():
         say(f"bf16 {name:40s} {d:.1e} of the largest logit  {'PASS' if d <= tol else 'FAIL'} (tolerance {tol:.0e})")
-    return dict(float64_fold=d64, **{f"bf16 {k}": v for k, v in paths.items()})
+    counters = say_counters("correctness", compile_counters(), cuda_graphs=not dry_run)
+    return dict(float64_fold=d64, **{f"bf16 {k}": v for k, v in paths.items()}, compile_counters=counters)
 
 
 # ---- 3. SDPA kernels ----
-def describe(backends, ops):
-    if not backends:
-        return "no SDPA (grouped matmuls)"
-    return ("MATH PATH: " if "math" in backends else "") + "/".join(backends) + f"  ({', '.join(ops)})"
-
-
 def decode_model(variant, **shape):
     """A decode variant as bench_decode.py builds it: gqaN / mha / mqa directly, vha_folded through fold_to_gqa."""
+    from model import GPT, GPTConfig, fold_to_gqa
     if variant == "vha_folded":
         return fold_to_gqa(GPT(GPTConfig(**shape, n_kv_head=2, attn="vha")))
     kv = {"mha": shape["n_head"], "mqa": 1}.get(variant) or int(variant[3:])
@@ -230,6 +270,12 @@ def decode_model(variant, **shape):
 
 
 def check_kernels():
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from model import GPT, GPTConfig
+    from nanovha.hardware import sdpa_backends
+    decode_impl = "sdpa" if device == "cuda" else "grouped"  # as deployed: SDPA in bf16 on CUDA, grouped fp32 on CPU
+    bench_dtype = torch.bfloat16 if device == "cuda" else torch.float32
     failed = []
     train_shape = dict(vocab_size=512, block_size=1024, n_layer=1, n_embd=256 if dry_run else 768, n_head=16,
                        head_dim=64)
@@ -280,21 +326,6 @@ def check_kernels():
 
 
 # ---- 4. training throughput ----
-def train_lines(result, matmul_tflop_s):
-    """bench.py's JSON -> one line per model: tokens/s, MFU of the spec and of the matmul measured in this run."""
-    out = []
-    for r in result["results"]:
-        spec = f"MFU {r['mfu']:.1%} of the spec" if r.get("mfu") else "MFU n/a (no spec for this device)"
-        measured = r["flops_per_token"] * r["tok_s"] / 1e12 / matmul_tflop_s if matmul_tflop_s else None
-        out.append(f"{r['variant']:6s} {r['heads']:12s} {r['params_m']:6.1f}M params {r['tok_s']:10,.0f} tok/s  {spec}"
-                   + (f", {measured:.1%} of the measured matmul" if measured else ""))
-    named = {r["variant"]: r for r in result["results"]}
-    if "vha" in named and len(named) == 2:
-        twin = next(v for v in named if v != "vha")
-        out.append(f"VHA / {twin} tokens/s: {named['vha']['tok_s'] / named[twin]['tok_s']:.3f}x (interleaved steps)")
-    return out
-
-
 def check_train():
     shape = (["--n_layer=1", "--n_embd=64", "--head_dim=16", "--vocab_size=128", "--batch_size=2", "--block_size=64",
               "--train_steps=2", "--warmup=1", "--compile=False", "--dtype=float32", "--device=cpu"] if dry_run else
@@ -303,42 +334,15 @@ def check_train():
               "--device=cuda"])
     result = last_json(run_script("bench.py", [*shape, "--n_head=16", "--vha_kv_head=2", "--train_variants=vha,gqa2"],
                                   "train"))
-    if result:
-        for line in train_lines(result, measured_limits().get("matmul_tflop_s")):
-            say(line)
-    return result and dict(results=result["results"])
+    if not result:
+        return None
+    for line in train_lines(result, measured_limits().get("matmul_tflop_s")):
+        say(line)
+    return dict(results=result["results"], compile_counters=say_counters("train", result.get("compile_counters"),
+                                                                          cuda_graphs=False))
 
 
 # ---- 5. decode ----
-def decode_lines(result, copy_gb_s):
-    """bench_decode.py's JSON -> the report lines: the compiled rows with GB/s as a fraction of the copy bandwidth
-    measured in this run, the eager rows labelled launch-bound, and at the largest context the breakdown (the
-    context-1 floor, the KV part) and the attention alone."""
-    out = []
-    for r in result["results"]:
-        ctx = f"{r['ctx'] // 1024}K" if r["ctx"] % 1024 == 0 else str(r["ctx"])
-        if r["runtime"] == "eager":
-            bandwidth = "launch-bound (eager: per-op launches, not bytes, set its speed)"
-        else:
-            bandwidth = f"{r['gb_s']:7.1f} GB/s of weights + KV = {r['gb_s'] / copy_gb_s:.0%} of the measured copy"
-        out.append(f"{r['variant']:10s} {r['runtime']:7s} {ctx:>5s} {r['decode_tok_s']:9.1f} tok/s  {bandwidth}")
-    top = max(r["ctx"] for r in result["results"])
-    out.append(f"at context {top}: op floor (the same launches at head dim 2) {result['op_floor_ms']:.3f} ms/token")
-    for b in result["breakdown"]:
-        kv = (f"{b['kv_gb_s']:.0f} GB/s = {b['kv_gb_s'] / copy_gb_s:.0%} of the measured copy" if b["kv_gb_s"]
-              else "n/a (no slower than context 1)")
-        out.append(f"{b['variant']:10s} step {b['ms_top']:.3f} ms = context-1 step {b['ms_ctx1']:.3f} ms + KV part "
-                   f"{b['kv_ms']:.3f} ms: {kv}")
-        if b.get("attn_ms"):
-            out.append(f"{'':10s} the attention alone {b['attn_ms']:.3f} ms: {b['attn_gb_s']:.0f} GB/s of K/V = "
-                       f"{b['attn_gb_s'] / copy_gb_s:.0%} of the measured copy")
-    if result.get("compile_counters"):
-        c = result["compile_counters"]
-        out.append(f"compile counters: {c['compiled_graphs']} graphs, {c['graph_breaks']} graph breaks, "
-                   f"{c['cudagraph_skips']} CUDA-graph skips")
-    return out
-
-
 def check_decode():
     if dry_run:
         args = ["--contexts=128,256", "--n_layer=1", "--n_embd=64", "--head_dim=16", "--decode_steps=3",
@@ -348,27 +352,34 @@ def check_decode():
                 "--decode_impl=sdpa", "--matmul_n=8192"]
     result = last_json(run_script("bench_decode.py", [*args, f"--variants={decode_variants}", "--llama_cpp=False"],
                                   "decode"))
-    if result:
-        measured = measured_limits().get("copy_gb_s")
-        copy_gb_s = measured or result["copy_gb_s"]
-        say(f"set against the copy bandwidth of {'the limits section' if measured else 'bench_decode.py'}: "
-            f"{copy_gb_s:,.0f} GB/s")
-        for line in decode_lines(result, copy_gb_s):
-            say(line)
-    return result and dict(results=result["results"], breakdown=result["breakdown"],
-                           compile_counters=result.get("compile_counters"))
+    if not result:
+        return None
+    measured = measured_limits().get("copy_gb_s")
+    copy_gb_s = measured or result["copy_gb_s"]
+    say(f"set against the copy bandwidth of {'the limits section' if measured else 'bench_decode.py'}: "
+        f"{copy_gb_s:,.0f} GB/s")
+    for line in decode_lines(result, copy_gb_s):
+        say(line)
+    planned = decode_graphs(len(decode_variants.split(",")), len(contexts.split(",")))
+    counters = say_counters("decode", result.get("compile_counters"), cuda_graphs=not dry_run, planned=planned)
+    return dict(results=result["results"], breakdown=result["breakdown"], compile_counters=counters)
 
 
 # ---- 6. smoke ----
 def check_smoke():
+    data = smoke_data(data_dir)
+    if not prepared(data):  # data/synthetic: GPT-2 ids made here in a second, no network
+        if run_script("data/synthetic/prepare.py", ["--out_dir", data], "smoke_data") is None:
+            return None
     toy = ["--n_layer=1", "--n_embd=64", "--n_head=4", "--n_kv_head=2", "--head_dim=16", "--vha_postmix_rank=1",
            "--block_size=64", "--batch_size=2", "--gradient_accumulation_steps=1", "--max_iters=4",
            "--lr_decay_iters=4", "--warmup_iters=1", "--eval_interval=2", "--eval_iters=1", "--log_interval=1",
            "--compile=False", "--dtype=float32", "--device=cpu"] if dry_run else []
     out = os.path.join(report_dir, "smoke_run")
-    args = ["config/fineweb/vha.py", "config/fineweb/smoke.py", f"--data_dir={data_dir}",
-            f"--out_dir={out}", "--write_checkpoint=False", f"--max_iters={smoke_iters}",
-            f"--lr_decay_iters={smoke_iters}", f"--eval_interval={max(smoke_iters // 3, 1)}", *toy]
+    args = ["config/fineweb/vha.py", "config/fineweb/smoke.py", f"--data_dir={data}", f"--out_dir={out}",
+            "--write_checkpoint=False", f"--max_iters={smoke_iters}", f"--lr_decay_iters={smoke_iters}",
+            "--gradient_accumulation_steps=2", f"--warmup_iters={max(smoke_iters // 10, 1)}",
+            f"--eval_interval={max(smoke_iters // 3, 1)}", *toy]
     t0 = time.time()
     if run_script("train.py", args, "smoke") is None:
         return None
@@ -378,12 +389,14 @@ def check_smoke():
     tok_s = statistics.median(r["tok_per_s"] for r in steps[1:] or steps)
     mfu = statistics.median(r["mfu"] for r in steps[1:] or steps) if "mfu" in steps[0] else None
     first, last = evals[0]["val_loss"], evals[-1]["val_loss"]
-    say(f"data {data_dir}; {steps[-1]['iter'] + 1} steps in {wall:.0f} s wall, the first done at "
+    say(f"data {data}; {steps[-1]['iter'] + 1} steps in {wall:.0f} s wall, the first done at "
         f"{steps[0]['time']:.0f} s (compiling); checkpoint written: {os.path.exists(os.path.join(out, 'ckpt.pt'))}")
     say(f"tokens/s {tok_s:,.0f} (median after the first step), MFU {f'{mfu:.1%}' if mfu else 'n/a (no known peak)'}")
     falls = last < first - 1.0
     say(f"val loss {first:.3f} -> {last:.3f}" + ("" if dry_run else f"  {'PASS' if falls else 'FAIL'} (falls by > 1)"))
-    return dict(tok_s=tok_s, mfu=mfu, val_loss=[first, last])
+    counted = {k: evals[-1][k] for k in ("compiled_graphs", "graph_breaks", "cudagraph_skips") if k in evals[-1]}
+    counters = say_counters("smoke", counted or None, cuda_graphs=False)
+    return dict(tok_s=tok_s, mfu=mfu, val_loss=[first, last], compile_counters=counters)
 
 
 # ---- the report: written again after every section ----
@@ -413,48 +426,71 @@ def run_sections(chosen, header, argv):
                    f"--deadline={time.time() + limit}"]
             log = os.path.join(report_dir, "logs", f"section_{name}.log")
             rc, wall, text = run_logged(cmd, log, limit, own_group=True)
-            result = os.path.join(report_dir, "sections", f"{name}.json")
+            result = section_result(name) if rc == 0 else None
             # done: the section's own lines; cut or crashed: what its log holds after the command line
-            said = json.load(open(result))["lines"] if rc == 0 and os.path.exists(result) else text.splitlines()[1:]
+            said = result["lines"] if result else text.splitlines()[1:]
             status = ("done" if rc == 0 else f"cut at its limit of {limit:.0f} s" if rc is None else f"exited {rc}")
+            counters = ((result or {}).get("figures") or {}).get("compile_counters") or {}
+            status += over_plan(name, counters, counters.get("planned"))
             failed = rc != 0 or any("FAIL" in x for x in said)
             done.append(dict(name=name, status=status + (" (FAIL)" if failed else ""), wall_s=wall, lines=said))
             print("\n".join(said[-40:]), flush=True)
-        write_report(header, done)
+        write_report(with_device(header), done)
     return done
+
+
+def section_result(name):
+    """What a section wrote to sections/<name>.json ({lines, figures}), or None."""
+    path = os.path.join(report_dir, "sections", f"{name}.json")
+    return json.load(open(path)) if os.path.exists(path) else None
+
+
+def with_device(header):
+    """The header with the preflight's device, torch and CUDA when it ran (the parent never touches the GPU)."""
+    pre = (section_result("preflight") or {}).get("figures")
+    if not pre:
+        return header
+    spec = (f"spec {pre['peak'] / 1e12:.0f} TFLOP/s dense bf16, HBM {pre['hbm'] / 1e12:.2f} TB/s" if pre.get("hbm")
+            else "no spec-sheet figures")
+    return f"{header}\n\nDevice {pre['device']}: torch {pre['torch']}, CUDA {pre['cuda']}, {spec}"
+
+
+def run_one(name):
+    """One section, in this process: its lines and figures to sections/<name>.json."""
+    figures = {"preflight": check_preflight, "limits": check_limits, "correctness": check_correctness,
+               "kernels": check_kernels, "train": check_train, "decode": check_decode, "smoke": check_smoke}[name]()
+    with open(os.path.join(report_dir, "sections", f"{name}.json"), "w") as f:
+        json.dump(dict(lines=lines, figures=figures), f, default=str)
 
 
 if __name__ == "__main__":
     try:
         globals().update(configure({k: globals()[k] for k in KNOBS}, sys.argv[1:]))
-        report_dir, data_dir = os.path.abspath(report_dir), os.path.abspath(data_dir)  # the sections run in ROOT
+        report_dir, data_dir = os.path.abspath(report_dir), data_dir and os.path.abspath(data_dir)  # run in ROOT
         internal = ("--only=", "--deadline=", "--report_dir=", "--data_dir=")
         given = [a for a in sys.argv[1:] if not a.startswith(internal)]
         given += [f"--report_dir={report_dir}", f"--data_dir={data_dir}"]
         chosen = parse_sections(sections)
-        problem = None if only else problems()
+        SECTION_S = section_limits(section_s)
+        problem = None if only else problems(chosen)
         if problem:
             raise ValueError(problem)
+        if dry_run:  # the budget above is the GPU's; a CPU gets more time for the same sections
+            SECTION_S, total_s = {k: DRY_RUN_SCALE * v for k, v in SECTION_S.items()}, DRY_RUN_SCALE * total_s
     except (ConfigError, ValueError) as e:
         sys.exit(f"error: {e}")
     device = "cpu" if dry_run else "cuda"
-    if not dry_run and not torch.cuda.is_available():
-        sys.exit("error: no CUDA device: this is the GPU check (use --dry_run to check the script on a CPU)")
-    # decode as deployed: bf16 weights and cache with SDPA on CUDA; the dry run keeps the CPU's float32, grouped decode
-    bench_dtype, decode_impl = (torch.bfloat16, "sdpa") if device == "cuda" else (torch.float32, "grouped")
-    name = torch.cuda.get_device_name() if device == "cuda" else "CPU (dry run)"
-    peak, hbm = gpu_spec(name) if device == "cuda" else (None, None)
-    if only:  # one section, in this process: its lines and figures to sections/<name>.json
-        figures = {"limits": check_limits, "correctness": check_correctness, "kernels": check_kernels,
-                   "train": check_train, "decode": check_decode, "smoke": check_smoke}[only]()
-        with open(os.path.join(report_dir, "sections", f"{only}.json"), "w") as f:
-            json.dump(dict(lines=lines, figures=figures), f, default=str)
+    if only:
+        run_one(only)
         sys.exit(0)
-    header = (f"GPU check on {name}: torch {torch.__version__}, CUDA {torch.version.cuda}, "
-              + (f"spec {peak / 1e12:.0f} TFLOP/s dense bf16, HBM {hbm / 1e12:.2f} TB/s" if hbm
-                 else "no spec-sheet figures") + f"; sections {','.join(chosen)}"
-              + ("; DRY RUN: toy sizes on the CPU, eager, mostly float32 (no figure here says anything about a GPU)"
-                 if dry_run else ""))
+    if not dry_run:
+        import torch  # the parent only asks whether there is a device: no CUDA context, no GPU memory held
+        if not torch.cuda.is_available():
+            sys.exit("error: no CUDA device: this is the GPU check (use --dry_run to check the script on a CPU)")
+    header = (f"GPU check, sections {','.join(chosen)} in at most {total_s} s (limits "
+              + ", ".join(f"{n} {SECTION_S[n]} s" for n in chosen) + ")"
+              + (f"; DRY RUN: toy sizes on the CPU, eager, mostly float32, limits x{DRY_RUN_SCALE} (no figure here "
+                 "says anything about a GPU)" if dry_run else ""))
     done = run_sections(chosen, header, given)
     print("\n" + "=" * 100 + f"\nREPORT ({os.path.join(report_dir, 'report.md')}; paste it into docs/gpu.md)\n"
           + open(os.path.join(report_dir, "report.md")).read())

@@ -1,6 +1,7 @@
 """scripts/gpu_check.py is prepared for a GPU but must not first fail there: its dry run takes every section on the CPU
-(each in its own process, the report written after each, the carried data used), a hung process is cut at its limit,
-and the parts only a GPU reaches (CUDA op names, the decode and training lines) are fed made-up inputs here."""
+(each in its own process, the report written after each, the carried data used, else data made in place), a hung
+process is cut at its limit, the section limits fit the budget, and the parts only a GPU reaches (CUDA op names, the
+decode and training lines, the compile counters) are fed made-up inputs here."""
 import json
 import os
 import subprocess
@@ -12,6 +13,8 @@ import pytest
 from conftest import ROOT, load_script, run
 from test_bench import TINY_DECODE, last_json
 
+from nanovha import gpu_plan
+
 
 @pytest.fixture(scope="module")
 def gpu_check():
@@ -22,28 +25,32 @@ def section_lines(report_dir):
     return {s["name"]: s for s in json.load(open(os.path.join(report_dir, "report.json")))["sections"]}
 
 
-@pytest.mark.slow  # every section of the check, on the CPU: about a minute
+@pytest.mark.slow  # every section of the check, on the CPU: about a minute (47 s on 2 shared cores, Intel AMX)
 def test_gpu_check_dry_run_reports_every_section(char_data, tmp_path):
     out = tmp_path / "report"
     proc = run("scripts/gpu_check.py", "--dry_run=True", f"--data_dir={char_data}", f"--report_dir={out}",
                env={"MPLCONFIGDIR": str(tmp_path)})
     done = section_lines(out)
-    assert list(done) == ["limits", "correctness", "kernels", "train", "decode", "smoke"]
+    assert list(done) == ["preflight", "correctness", "smoke", "limits", "train", "decode", "kernels"]
     assert all(s["status"] == "done" for s in done.values()), {k: s["status"] for k, s in done.items()}
     said = {k: "\n".join(s["lines"]) for k, s in done.items()}
+    assert said["preflight"].count("PASS") == 5 and "FAIL" not in said["preflight"]  # cc, Python.h, triton, numpy, py
     assert said["correctness"].count("PASS") == 6 and "FAIL" not in said["correctness"]  # float64 fold + 5 bf16 paths
+    assert "compile counters: 1 graphs (planned 1), 0 graph breaks, 0 CUDA-graph skips" in said["correctness"]
     train = [x for x in done["kernels"]["lines"] if x.startswith("train ")]
     assert len(train) == 4 and all(" flash " in x and "MATH" not in x for x in train)  # CPU flash takes enable_gqa
-    assert sum("prefill 64" in x and " flash " in x for x in done["kernels"]["lines"]) == 3  # every decode variant
+    assert sum("prefill 64" in x and " flash " in x for x in done["kernels"]["lines"]) == 2  # every decode variant
     assert "VHA / gqa2 tokens/s" in said["train"] and "of the measured matmul" in said["train"]
     eager = [x for x in done["decode"]["lines"] if " eager " in x]
-    assert len(eager) == 6 and all("launch-bound" in x and "GB/s" not in x for x in eager)  # 3 variants x 2 contexts
-    assert said["decode"].count("context-1 step") == 3 and said["decode"].count("the attention alone") == 3
+    assert len(eager) == 4 and all("launch-bound" in x and "GB/s" not in x for x in eager)  # 2 variants x 2 contexts
+    assert said["decode"].count("context-1 step") == 2 and said["decode"].count("the attention alone") == 2
+    for name in ("smoke", "train", "decode"):  # compile is off in the dry run: said, not hidden
+        assert "compile counters: none (compile off in this run)" in said[name]
     # the carried data: named in the report and given to train.py
     assert f"data {char_data};" in said["smoke"] and "checkpoint written: False" in said["smoke"]
     assert f"--data_dir={char_data}" in (out / "logs" / "smoke.log").read_text().splitlines()[0]
     assert {f"section_{name}.log" for name in done} <= set(os.listdir(out / "logs"))
-    assert "DRY RUN" in (out / "report.md").read_text() and proc.stdout.count("=== ") == 6
+    assert "DRY RUN" in (out / "report.md").read_text() and proc.stdout.count("=== ") == 7
 
 
 def test_gpu_check_runs_only_the_sections_asked_for(tmp_path):
@@ -89,12 +96,20 @@ def test_a_hung_process_and_its_children_are_cut_at_the_limit(gpu_check, tmp_pat
 
 @pytest.mark.parametrize("args, message", [  # one row per bad setting: one line, before any section runs
     (["--sections=kernels,warp"], "sections must be a comma-separated subset of "
-                                  "limits,correctness,kernels,train,decode,smoke, got 'kernels,warp'"),
+                                  "preflight,correctness,smoke,limits,train,decode,kernels, got 'kernels,warp'"),
     (["--decode_variants=mha,mla"], "decode_variants: gpu_check knows mha, mqa, gqaN and vha_folded, got 'mha,mla'"),
     (["--data_dir=/no/such/folder"], "the smoke section trains on /no/such/folder/ (train.bin, val.bin, meta.pkl), "
-                                     "which is not there: prepare it on a CPU machine (python data/shakespeare/"
-                                     "prepare.py) and carry it along, or give --data_dir, or leave smoke out of "
-                                     "--sections"),
+                                     "which is not there: give a prepared --data_dir, or none (carried "
+                                     "data/shakespeare, else data/synthetic made here)"),
+    (["--total_s=100"], "the limits of sections preflight,correctness,smoke,limits,train,decode,kernels add up to "
+                        "{limits} s, more than total_s=100: raise --total_s or leave sections out"),
+    (["--section_s=smoke:abc"], "section_s takes section:seconds pairs, e.g. smoke:200 (sections "
+                                "preflight,correctness,smoke,limits,train,decode,kernels), got 'smoke:abc'"),
+    (["--sections=smoke,train", "--section_s=smoke:300"],
+     "the limits of sections smoke,train add up to {smoke_300_train} s, more than total_s={total}: raise --total_s "
+     "or leave sections out"),
+    (["--total_s=400"], "total_s=400 leaves no rerun: a start ({start} s) and two runs of 400 + {overhead} s exceed "
+                        "the {device_s} s of device time"),
     (["--sections=limits", "--report_dir={old}"], "report_dir {old} already holds a report: give a new --report_dir "
                                                   "(or remove that one)"),
 ])
@@ -104,7 +119,11 @@ def test_gpu_check_bad_setting_is_a_one_line_error(args, message, tmp_path):
     (old / "report.md").write_text("an earlier check")
     proc = run("scripts/gpu_check.py", "--dry_run=True", f"--report_dir={tmp_path / 'new'}",
                *[a.format(old=old) for a in args], check=False)
-    assert proc.returncode != 0 and proc.stderr.strip() == f"error: {message.format(old=old)}" and not proc.stdout
+    plan = dict(limits=sum(limit for limit, _, _ in gpu_plan.PLAN.values()), start=gpu_plan.START_S,
+                overhead=gpu_plan.CALL_OVERHEAD_S, device_s=gpu_plan.DEVICE_S, total=gpu_plan.TOTAL_S,
+                smoke_300_train=300 + gpu_plan.PLAN["train"][0])
+    assert proc.returncode != 0 and proc.stderr.strip() == f"error: {message.format(old=old, **plan)}"
+    assert not proc.stdout
     assert (old / "report.md").read_text() == "an earlier check" and not (tmp_path / "new").exists()
 
 
@@ -139,14 +158,12 @@ def test_decode_lines_set_compiled_rows_against_the_measured_copy_and_label_eage
             dict(variant="vha_folded", runtime="eager", ctx=131072, decode_tok_s=400.0, gb_s=107.0)]
     brk = dict(variant="vha_folded", ms_top=0.333, ms_ctx1=0.277, kv_ms=0.056, kv_gb_s=201.3e6 / 0.056 / 1e6,
                attn_ms=0.07, attn_gb_s=201.3e6 / 0.07 / 1e6)
-    result = dict(results=rows, breakdown=[brk], op_floor_ms=0.25,
-                  compile_counters=dict(compiled_graphs=10, graph_breaks=0, cudagraph_skips=0))
+    result = dict(results=rows, breakdown=[brk], op_floor_ms=0.25)
     lines = gpu_check.decode_lines(result, 4000.0)
     assert "800.0 GB/s of weights + KV = 20% of the measured copy" in lines[0]
     assert "launch-bound" in lines[1] and "GB/s" not in lines[1]
     assert any("KV part 0.056 ms: 3595 GB/s = 90% of the measured copy" in x for x in lines)
     assert any("the attention alone 0.070 ms: 2876 GB/s of K/V = 72%" in x for x in lines)
-    assert lines[-1] == "compile counters: 10 graphs, 0 graph breaks, 0 CUDA-graph skips"
     brk["kv_gb_s"] = None  # no slower than context 1: said, not divided
     assert any("n/a (no slower than context 1)" in x for x in gpu_check.decode_lines(result, 4000.0))
 
@@ -170,3 +187,107 @@ def test_the_first_compiled_call_is_made_under_inference_mode(tmp_path):
     out = last_json(run("bench_decode.py", *args, "--contexts=48", "--compile=graphs", "--eager=False",
                         "--variants=vha_folded", env={"MPLCONFIGDIR": str(tmp_path)}))
     assert out["compile_counters"]["compiled_graphs"] == 3 and out["compile_counters"]["graph_breaks"] == 0
+
+
+def test_the_budget_adds_up_most_valuable_first(gpu_check):
+    """The section limits fit the default total_s, and total_s fits twice (a rerun) with a machine's start in the
+    device time lent; preflight, correctness and smoke (train.py itself) come first, the kernels last; every section
+    has a planned compile count and says how it was counted."""
+    limits = [limit for limit, _, _ in gpu_plan.PLAN.values()]
+    assert sum(limits) <= gpu_check.total_s == gpu_plan.TOTAL_S
+    assert gpu_plan.START_S + 2 * (gpu_check.total_s + gpu_plan.CALL_OVERHEAD_S) <= gpu_plan.DEVICE_S
+    assert gpu_plan.budget_problem(gpu_check.total_s) is None
+    assert gpu_plan.SECTIONS[:3] == ("preflight", "correctness", "smoke") and gpu_plan.SECTIONS[-1] == "kernels"
+    assert set(gpu_check.TITLES) == set(gpu_plan.SECTIONS) and gpu_check.parse_sections(gpu_check.sections) == list(
+        gpu_plan.SECTIONS)
+    assert all(isinstance(graphs, int) and how for _, graphs, how in gpu_plan.PLAN.values())
+    assert gpu_plan.PLAN["preflight"][0] < 30  # a few seconds of work: the limit only guards a hang
+
+
+def test_compile_counters_cannot_hide_a_skip_or_a_recompile():
+    """Over the plan: marked on the line and in the report's status. A graph break always FAILs; a CUDA-graph skip
+    FAILs where the section's figures claim CUDA graphs."""
+    clean = dict(compiled_graphs=5, graph_breaks=0, cudagraph_skips=0)
+    assert gpu_plan.counters_line(clean, 5, True) == (
+        "compile counters: 5 graphs (planned 5), 0 graph breaks, 0 CUDA-graph skips", [])
+    line, fails = gpu_plan.counters_line(dict(clean, compiled_graphs=7, cudagraph_skips=2), 5, cuda_graphs=True)
+    assert line.endswith("OVER PLAN") and fails == ["2 CUDA-graph skips"]
+    assert gpu_plan.counters_line(dict(clean, cudagraph_skips=2), 5, cuda_graphs=False)[1] == []  # no CUDA graphs
+    assert gpu_plan.counters_line(dict(clean, graph_breaks=1), 5, cuda_graphs=False)[1] == ["1 graph breaks"]
+    assert gpu_plan.counters_line(None, 2, True) == ("compile counters: none (compile off in this run)", [])
+    planned = gpu_plan.PLAN["decode"][1]
+    assert gpu_plan.over_plan("decode", dict(clean, compiled_graphs=planned + 1)) == (
+        f" (compiled {planned + 1} graphs, planned {planned})")
+    assert gpu_plan.over_plan("decode", dict(clean, compiled_graphs=planned)) == "" == gpu_plan.over_plan("smoke", None)
+    assert gpu_plan.over_plan("decode", dict(clean, compiled_graphs=7), planned=gpu_plan.decode_graphs(3, 1)) == ""
+
+
+def test_smoke_makes_its_data_offline_and_imports_no_torch(tmp_path):
+    """No carried data: the smoke section makes data/synthetic in place (here a temp folder) and trains on it; the
+    section itself only starts processes, so it never imports torch (nor does loading the script)."""
+    code = f"""
+import json, os, sys, time
+sys.path.insert(0, {os.path.join(ROOT, "tests")!r})
+from conftest import load_script
+gc = load_script("scripts/gpu_check.py")
+loaded_torch = "torch" in sys.modules
+os.makedirs({str(tmp_path / "r" / "logs")!r})
+gc.dry_run, gc.device, gc.report_dir, gc.deadline = True, "cpu", {str(tmp_path / "r")!r}, time.time() + 120
+gc.CARRIED, gc.MADE_HERE = {str(tmp_path / "none")!r}, {str(tmp_path / "made")!r}
+figures = gc.check_smoke()
+print(json.dumps(dict(loaded_torch=loaded_torch, torch="torch" in sys.modules, lines=gc.lines, figures=figures)))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not out["loaded_torch"] and not out["torch"]
+    assert f"data {tmp_path / 'made'};" in "\n".join(out["lines"]) and out["figures"]["val_loss"][0] > 10  # ln 50257
+    assert sorted(os.listdir(tmp_path / "made")) == ["meta.pkl", "train.bin", "val.bin"]
+
+
+def test_preflight_says_one_line_each_without_the_model(tmp_path):
+    code = f"""
+import sys
+sys.path.insert(0, {os.path.join(ROOT, "tests")!r})
+from conftest import load_script
+gc = load_script("scripts/gpu_check.py")
+gc.dry_run, gc.device = True, "cpu"
+gc.check_preflight()
+print("model" in sys.modules, "torch._dynamo" in sys.modules)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout.strip().splitlines()
+    assert said[-1] == "False False"  # neither the model nor the compiler is imported to say what is there
+    assert said[0].startswith("torch ") and said[1].startswith("device ")
+    assert [x.split()[0] for x in said[2:7]] == ["cc", "Python.h", "triton", "numpy", "python"]
+    assert said[7].startswith("smoke data: ")
+
+
+def test_the_command_to_paste_is_one_line_under_2000_characters():
+    """docs/gpu.md gives the one command the device tool runs, with its timeout: the check into $OUT, in
+    total_s plus room for the processes' start."""
+    text = open(os.path.join(ROOT, "docs", "gpu.md")).read()
+    block = text.split("<!-- the command to paste -->")[1].split("```")[1]
+    command = [x for x in block.splitlines() if x.startswith("command: ")][0].removeprefix("command: ")
+    timeout = int([x for x in block.splitlines() if x.startswith("timeout_s: ")][0].split()[1])
+    assert len(command) < 2000 and "python3 scripts/gpu_check.py" in command and "--report_dir=$OUT" in command
+    assert gpu_plan.TOTAL_S < timeout <= gpu_plan.TOTAL_S + gpu_plan.CALL_OVERHEAD_S
+
+
+@pytest.mark.slow  # cold compiles on the CPU: about a minute
+def test_the_planned_compile_counts_are_what_the_cpu_counts(tmp_path):
+    """The plan's graphs for train and decode, counted on the CPU at toy size with compile on, the GPU check's
+    variants (the counts do not depend on the size)."""
+    train = last_json(run("bench.py", "--n_layer=1", "--n_embd=64", "--head_dim=16", "--vocab_size=128",
+                          "--batch_size=2", "--block_size=64", "--train_steps=2", "--warmup=1", "--compile=True",
+                          "--device=cpu", "--n_head=16", "--vha_kv_head=2", "--train_variants=vha,gqa2"))
+    assert train["compile_counters"]["compiled_graphs"] == gpu_plan.PLAN["train"][1]
+    gc = load_script("scripts/gpu_check.py")
+    decode = last_json(run("bench_decode.py", "--contexts=128", "--n_layer=1", "--n_embd=64", "--head_dim=16",
+                           "--decode_steps=3", "--warmup=1", "--copy_mib=16", "--compile=graphs", "--eager=False",
+                           "--device=cpu", "--dtype=float32", f"--variants={gc.decode_variants}", "--llama_cpp=False",
+                           env={"MPLCONFIGDIR": str(tmp_path)}))
+    assert decode["compile_counters"]["compiled_graphs"] == gpu_plan.PLAN["decode"][1] == gpu_plan.decode_graphs(
+        len(gc.decode_variants.split(",")), len(gc.contexts.split(",")))
