@@ -1,8 +1,8 @@
-"""The lm-evaluation-harness on our Hugging Face exports (fold.py --export_hf), as the paper evaluates: lm-eval runs the
-shipped task (data/shakespeare_mc) on a char-level and a GPT-2 BPE export with no model argument but the folder, and
-every log-likelihood it computes equals our unfolded model's (float64) on the same tokens, after lm-eval's rule that
-moves a context's trailing whitespace into the continuation. Without lm-eval these tests skip and say why, except in
-CI (CI=true), where they fail. The task generator's own checks (seeded, whole lines, one-line errors) need no lm-eval."""
+"""The lm-evaluation-harness on our Hugging Face exports (fold.py --export_hf), as the paper evaluates: lm-eval runs
+the shipped task (data/shakespeare_mc) on a char-level and a GPT-2 BPE export with no model argument but the folder,
+and every log-likelihood it computes equals our unfolded model's (float64) on the same tokens, after lm-eval's rule
+that moves a context's trailing whitespace into the continuation. Without lm-eval these tests skip and say why, except
+in CI (CI=true), where they fail. The task generator's own checks (seeded, whole lines, one-line errors) need none."""
 import json
 import os
 import shutil
