@@ -97,18 +97,18 @@ def test_lm_eval_scores_the_gpt2_export_as_our_model_does(char_export, tmp_path,
 
 
 def test_the_shipped_task_is_what_the_script_makes(tmp_path):
-    """Whole lines after whole lines, four distinct choices, the true one at `label`; the same seed gives the same
+    """Whole words, then two words: the true ones at `label` among four distinct choices; the same seed gives the same
     file; each item fits the demo's 256-token context; bad input is one line."""
     items = [json.loads(line) for line in open(os.path.join(TASK_DIR, "shakespeare_mc.jsonl"), encoding="utf-8")]
     assert len(items) == 100 and len({it["offset"] for it in items}) == 100
     for it in items:
-        assert len(set(it["choices"])) == 4 and 0 <= it["label"] < 4 and it["context"].endswith("\n")
-        assert all(30 <= len(c) <= 60 and "\n" not in c for c in it["choices"])
-        assert len(it["context"]) + 1 + max(map(len, it["choices"])) <= 256
+        assert len(set(it["choices"])) == 4 and 0 <= it["label"] < 4 and it["context"].endswith(" ")
+        assert all(len(c.split(" ")) == 2 and c[0].islower() and "\n" not in c for c in it["choices"])
+        assert len(it["context"]) + max(map(len, it["choices"])) <= 256 and not it["context"][0].isspace()
     text = verse(4000)
     a, b = (task_script.make_items(text, 10, seed=1, context_chars=24) for _ in range(2))
     assert a == b != task_script.make_items(text, 10, seed=2, context_chars=24)
-    for it in a:  # the true line is the one that follows the context in the text
+    for it in a:  # the true words are the ones that follow the context in the text
         true = it["choices"][it["label"]]
         assert text[it["offset"] - len(it["context"]):it["offset"] + len(true)] == it["context"] + true
     with pytest.raises(ValueError, match="need 10 .4 distinct.: give more text"):

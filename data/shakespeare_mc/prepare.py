@@ -1,8 +1,9 @@
 """
-shakespeare_mc, an lm-eval task on the demo's held-out text: after a few lines of the validation split, which of
-four lines comes next? The true next line and three others drawn from elsewhere in the validation split (every choice
-30-60 characters), shuffled. Made by a seeded script from a prepared text dataset's val.bin (any tokenizer: the items
-are text), so the same seed and data give the same file byte for byte.
+shakespeare_mc, an lm-eval task on the demo's held-out text: after 160 characters of the validation split that stop
+before a word, which two words come next? The true two and three other pairs of words from elsewhere in the
+validation split (each starting with a lowercase word inside a line, as the true one does), shuffled. Made by a seeded
+script from a prepared text dataset's val.bin (any tokenizer: the items are text), so the same seed and data give the
+same file byte for byte. The context ends with the space before the words: lm-eval moves it into each choice.
 
 python data/shakespeare_char/prepare.py          # once: the validation split
 python data/shakespeare_mc/prepare.py            # writes shakespeare_mc.jsonl next to this file (the shipped one)
@@ -10,7 +11,7 @@ lm_eval --model hf --model_args pretrained=hf-vha-small --tasks shakespeare_mc -
 
 shakespeare_mc.yaml loads the jsonl with load_docs below (lm-eval's custom_dataset): no hub, from any directory.
 """
-import argparse, hashlib, json, os, pickle, random, sys
+import argparse, hashlib, json, os, pickle, random, re, sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -27,36 +28,36 @@ def load_docs(data_file="shakespeare_mc.jsonl", **_):
         return {"test": datasets.Dataset.from_list([json.loads(line) for line in f])}
 
 
-def line_starts(text, min_chars, max_chars, context_chars):
-    """Offsets of the lines of text that can be a choice (min_chars..max_chars long) with context_chars before them."""
-    starts, i = [], 0
-    for line in text.split("\n"):
-        if min_chars <= len(line) <= max_chars and i >= context_chars:
-            starts.append(i)
-        i += len(line) + 1
-    return starts
+def runs_of_words(text, context_chars, n_words):
+    """{offset: the n_words words from there} for every lowercase word that follows a space inside a line, has
+    context_chars of text before it and n_words words left in its line."""
+    runs = {}
+    for m in re.finditer(r"(?<=\S )[a-z]", text):
+        i = m.start()
+        words = text[i:text.find("\n", i) % (len(text) + 1)].split(" ")  # to the line's end (or the text's)
+        if i >= context_chars and len(words) >= n_words:
+            runs[i] = " ".join(words[:n_words])
+    return runs
 
 
-def make_items(text, n, seed, context_chars=160, min_chars=30, max_chars=60, n_choices=4):
-    """n items: {"context": the whole lines within context_chars before the line (ending with its newline),
-    "choices": the true line and n_choices - 1 other lines of text, shuffled, "label": the true one's index,
-    "offset": where the line starts in text}. Seeded: the same text and seed give the same items."""
-    starts = line_starts(text, min_chars, max_chars, context_chars)
-    line = lambda i: text[i:text.find("\n", i) % (len(text) + 1)]  # to the line's end (no newline: the text's)
-    pool = sorted({line(i) for i in starts})
-    if len(starts) < n or len(pool) < n_choices:
-        raise ValueError(f"the text has {len(starts)} lines of {min_chars}-{max_chars} characters with {context_chars} "
-                         f"characters before them ({len(pool)} distinct); need {n} ({n_choices} distinct): give more "
-                         f"text or ask for fewer items")
+def make_items(text, n, seed, context_chars=160, n_words=2, n_choices=4):
+    """n items: {"context": the whole words within context_chars before a run of n_words words (it ends with the
+    space before them), "choices": that run and n_choices - 1 other runs of text, shuffled, "label": the true one's
+    index, "offset": where the run starts in text}. Seeded: the same text and seed give the same items."""
+    runs = runs_of_words(text, context_chars, n_words)
+    pool = sorted(set(runs.values()))
+    if len(runs) < n or len(pool) < n_choices:
+        raise ValueError(f"the text has {len(runs)} runs of {n_words} words with {context_chars} characters before "
+                         f"them ({len(pool)} distinct); need {n} ({n_choices} distinct): give more text or ask for "
+                         f"fewer items")
     rng, items = random.Random(seed), []
-    for i in sorted(rng.sample(starts, n)):
+    for i in sorted(rng.sample(sorted(runs), n)):
         window = text[i - context_chars:i]
-        first = window.find("\n") + 1  # whole lines only, unless one line fills the window
-        context = (window[first:] if 0 < first < len(window) else window).lstrip("\n")
-        true = line(i)
-        choices = [true] + rng.sample([p for p in pool if p != true], n_choices - 1)
+        first = re.search(r"\s\S", window)  # whole words only: from the first word that starts inside the window
+        context = window[first.start() + 1:] if first else window
+        choices = [runs[i]] + rng.sample([r for r in pool if r != runs[i]], n_choices - 1)
         rng.shuffle(choices)
-        items.append({"context": context, "choices": choices, "label": choices.index(true), "offset": i})
+        items.append({"context": context, "choices": choices, "label": choices.index(runs[i]), "offset": i})
     return items
 
 
@@ -79,11 +80,13 @@ def main(argv=None):
     parser.add_argument("--n", type=int, default=100, help="items")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--context_chars", type=int, default=160, help="at most this many characters of context")
+    parser.add_argument("--n_words", type=int, default=2, help="words in each choice")
     args = parser.parse_args(argv)
     try:
-        if args.n < 1 or args.context_chars < 1:
-            raise ValueError(f"--n={args.n} and --context_chars={args.context_chars} must be at least 1")
-        items = make_items(val_text(args.data_dir), args.n, args.seed, args.context_chars)
+        if min(args.n, args.context_chars, args.n_words) < 1:
+            raise ValueError(f"--n={args.n}, --context_chars={args.context_chars} and --n_words={args.n_words} must "
+                             f"be at least 1")
+        items = make_items(val_text(args.data_dir), args.n, args.seed, args.context_chars, args.n_words)
     except ValueError as e:
         sys.exit(f"error: {e}")
     data = "".join(json.dumps(item, ensure_ascii=False) + "\n" for item in items).encode("utf-8")
