@@ -217,15 +217,14 @@ def hf_export_problem(cfg):
 
 def text_marks(meta):
     """(bos, eos): the token ids that begin and end a text in the dataset's tokenizer (None: it has none), both from
-    its own vocabulary. GPT-2 BPE: <|endoftext|> for both (FineWeb's prepare puts it after every document; GPT-2 and
-    lm-eval use it as the prefix). Char-level: a newline begins a text (prepare joins the files with a blank line) and
-    nothing ends one. lm-eval scores an empty context after the bos (its prefix token) and cannot run without one."""
-    kind = tokenizer_kind(meta)
-    if kind == "char":
+    its own vocabulary. Char-level: a newline begins a text (prepare joins the files with a blank line) and nothing
+    ends one. Otherwise the dataset's end-of-text token (GPT-2's <|endoftext|>), if it has one, for both: FineWeb's
+    prepare puts it after every document, and GPT-2 and lm-eval use it as the prefix. lm-eval scores an empty context
+    after the bos (its prefix token) and cannot run without one."""
+    if tokenizer_kind(meta) == "char":
         return meta["stoi"].get("\n"), None
-    if kind == "gpt2":
-        return meta.get("eot_token"), meta.get("eot_token")
-    return None, None
+    eot = (meta or {}).get("eot_token")
+    return eot, eot
 
 
 def hf_tokenizer(meta):
@@ -365,7 +364,7 @@ def hf_compare(folder, model, meta, tokens, gen_tokens):
     transformers' tokenizer decoding its ids vs ours decoding ours, as sample.py does; None where the folder has no
     tokenizer)."""
     import transformers
-    transformers.logging.set_verbosity_error()  # no progress bar, no note that max_new_tokens overrides max_length
+    transformers.logging.set_verbosity_error()  # no progress bar, no notes
     transformers.logging.disable_progress_bar()
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ours, prompt, our_ids = reference(model, tokens, gen_tokens)
