@@ -215,10 +215,23 @@ def hf_export_problem(cfg):
     return None
 
 
+def text_marks(meta):
+    """(bos, eos): the token ids that begin and end a text in the dataset's tokenizer (None: it has none), both from
+    its own vocabulary. Char-level: a newline begins a text (prepare joins the files with a blank line) and nothing
+    ends one. Otherwise the dataset's end-of-text token (GPT-2's <|endoftext|>), if it has one, for both: FineWeb's
+    prepare puts it after every document, and GPT-2 and lm-eval use it as the prefix. lm-eval scores an empty context
+    after the bos (its prefix token) and cannot run without one."""
+    if tokenizer_kind(meta) == "char":
+        return meta["stoi"].get("\n"), None
+    eot = (meta or {}).get("eot_token")
+    return eot, eot
+
+
 def hf_tokenizer(meta):
     """The dataset's tokenizer as a Hugging Face fast tokenizer, built offline from what meta.pkl pins, or
     (None, why not). Char-level: one WordLevel token per character (a split on every character, decoded by
-    joining). GPT-2 BPE: the tiktoken ranks this repo tokenized with, converted to byte-level BPE merges."""
+    joining), a newline named as bos. GPT-2 BPE: the tiktoken ranks this repo tokenized with, converted to byte-level
+    BPE merges, <|endoftext|> as bos and eos. Neither adds tokens, and encoding never inserts the bos."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     kind = tokenizer_kind(meta)
@@ -226,7 +239,8 @@ def hf_tokenizer(meta):
         tok = Tokenizer(models.WordLevel(vocab=dict(meta["stoi"]), unk_token=None))
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character alone
         tok.decoder = decoders.Fuse()  # ids -> characters, joined with nothing between them
-        return PreTrainedTokenizerFast(tokenizer_object=tok), None
+        has_bos = text_marks(meta)[0] is not None
+        return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="\n" if has_bos else None), None
     if kind == "gpt2":
         import base64
         import tempfile
@@ -294,8 +308,9 @@ def write_hf(model, folder, meta, source):
     c = model.cfg
     tensors = {hf_name(n): p for n, p in qwen3_state(model).items()}
     tokenizer, note = hf_tokenizer(meta)
-    eot = (meta or {}).get("eot_token")
-    generation = {"max_length": c.block_size, **({"bos_token_id": eot, "eos_token_id": eot} if eot is not None else {})}
+    # what generate() needs from the folder: where a text begins (generate() with no prompt) and ends (it stops there);
+    # no max_length: transformers' own default (or max_new_tokens) decides, not the training context
+    generation = {name: i for name, i in zip(("bos_token_id", "eos_token_id"), text_marks(meta)) if i is not None}
     card = model_card(model, folder, meta, source, sum(t.numel() for t in tensors.values()), note)
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".tmp{os.getpid()}")
@@ -349,7 +364,7 @@ def hf_compare(folder, model, meta, tokens, gen_tokens):
     transformers' tokenizer decoding its ids vs ours decoding ours, as sample.py does; None where the folder has no
     tokenizer)."""
     import transformers
-    transformers.logging.set_verbosity_error()  # no progress bar, no note that max_new_tokens overrides max_length
+    transformers.logging.set_verbosity_error()  # no progress bar, no notes
     transformers.logging.disable_progress_bar()
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ours, prompt, our_ids = reference(model, tokens, gen_tokens)

@@ -23,6 +23,19 @@ def tiny_text(n_chars=60_000, seed=0):
     return "\n".join(lines)
 
 
+VERSE = ["ROMEO:\nBut soft, what light through yonder window breaks?\n",
+         "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\n",
+         "HAMLET:\nTo be, or not to be: that is the question.\n", "KING:\nNow is the winter of our discontent.\n"]
+
+
+def verse(n_chars=60_000, seed=0):
+    """Four lines of verse in random order: a tiny model learns to continue a speaker's name with its line."""
+    rnd, text = random.Random(seed), ""
+    while len(text) < n_chars:
+        text += rnd.choice(VERSE) + "\n"
+    return text
+
+
 def optional(module, install="pip install -r requirements-dev.txt"):
     """An optional dependency, imported: missing, it skips the test, except under CI=true, where it fails (CI must
     run every test, so a broken install cannot pass as skips)."""

@@ -385,11 +385,18 @@ def test_hf_folder_tokenizes_and_generates_like_sample_py(kind, tmp_path, monkey
     ours = run("sample.py", f"--out_dir={tmp_path}", f"--start={prompt}", "--temperature=0", f"--max_new_tokens={n}",
                "--num_samples=1").stdout.split("\n---------------")[0]
     assert len(out) == len(ids[0]) + n and tok.decode(out) == ours
+    # skip_special_tokens=False: the pipeline drops the bos and eos from its text by default, and the char bos is
+    # the newline (lm-eval needs one named; a new token would change the vocabulary)
     piped = transformers.pipeline("text-generation", model=hf_dir)(prompt, max_new_tokens=n, min_new_tokens=n,
-                                                                   do_sample=False)
+                                                                   do_sample=False, skip_special_tokens=False)
     assert piped[0]["generated_text"] == ours  # the pipeline finds the model, the tokenizer and the generation config
+    # where a text begins (a newline; GPT-2: <|endoftext|>, which also ends one), from the vocabulary as it was, and
+    # nothing more: no max_length, so a plain generate() is not cut at the training context
     gen = json.load(open(os.path.join(hf_dir, "generation_config.json")))
-    assert gen.get("eos_token_id") == meta.get("eot_token") and gen["max_length"] == 64
+    assert gen == ({"bos_token_id": meta["stoi"]["\n"]} if kind == "char"
+                   else {"bos_token_id": meta["eot_token"], "eos_token_id": meta["eot_token"]})
+    assert (tok.bos_token_id, tok.eos_token_id) == (gen["bos_token_id"], gen.get("eos_token_id"))
+    assert len(tok) == meta["vocab_size"] and tok.encode(TEXT) == encode(TEXT)  # no new token, no bos inserted
 
 
 def test_hf_export_of_a_recall_model_says_why_there_is_no_tokenizer(tmp_path, capsys):

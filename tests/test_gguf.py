@@ -2,7 +2,6 @@
 (llama-cpp-python) runs with our tokens, our logits and our greedy text, for a char-level and a GPT-2 BPE model.
 Without llama-cpp-python the llama.cpp tests skip and say why, except in CI (CI=true), where they fail."""
 import os
-import random
 from dataclasses import asdict
 
 import numpy as np
@@ -11,16 +10,13 @@ import torch
 
 from nanovha import gguf as gguf_export
 import fold
-from conftest import TINY_MODEL, optional, run
+from conftest import TINY_MODEL, VERSE, optional, run, verse
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from data.common import load_tokenizer, prepare_string
 from test_model import make
 
 gguf = optional("gguf")
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
-VERSE = ["ROMEO:\nBut soft, what light through yonder window breaks?\n",
-         "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\n",
-         "HAMLET:\nTo be, or not to be: that is the question.\n", "KING:\nNow is the winter of our discontent.\n"]
 # mixed texts: upper and lower case, space, newline, punctuation (the char one only of characters VERSE has)
 CHAR_TEXT = "ROMEO:\nBut soft, what light? To be, or not:\n\nJULIET:\nO Romeo."
 BPE_TEXT = "ROMEO:\nWhat light through yonder window breaks?  It is the east, 1599 -- héllo\n\n\tand Juliet's sun!"
@@ -29,14 +25,6 @@ BPE_TEXT = "ROMEO:\nWhat light through yonder window breaks?  It is the east, 15
 def llama_cpp():
     """The llama_cpp module (conftest.optional: a skip outside CI, a failure in it)."""
     return optional("llama_cpp", "pip install -r requirements-llamacpp.txt")
-
-
-def verse(n_chars=60_000, seed=0):
-    """Four lines of verse in random order: a tiny model learns to continue a speaker's name with its line."""
-    rnd, text = random.Random(seed), ""
-    while len(text) < n_chars:
-        text += rnd.choice(VERSE) + "\n"
-    return text
 
 
 def trained_run(folder, tokenizer, iters, *args):
