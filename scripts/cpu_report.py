@@ -31,6 +31,7 @@ gen_tokens = 500
 samples = 5  # sample.py --num_samples: tok/s is the median of these
 contexts = "1024,4096,16384"
 busy_fold = False  # run fold.py beside a CPU-bound process (a busy loop on one core)
+bench = True  # part 3 (bench_decode.py against llama.cpp); False: parts 1 and 2 only
 work_dir = ""  # "": a fresh temporary folder (runs and cache), removed by the system later
 config = settings(flat_defaults(globals()), sys.argv[1:], limits={"train_iters": ">= 1", "gen_tokens": ">= 1",
                                                                    "samples": ">= 1"})
@@ -114,7 +115,8 @@ def main():
     train_plan, ms_iter, fold_plan = train_and_fold(env, out_dir)
     (text_f, tps_f, plan_f), (text_t, tps_t, plan_t), forced = fold_to_sample(env, out_dir)
     fastest = max(forced, key=forced.get)
-    decode = decode_vs_llama(env)
+    decode = decode_vs_llama(env) if bench else dict(dtype="-", runtime="-", ratios={}, fixed_ms={}, bw_frac_top=0,
+                                                     top="- (not run)")
     report = dict(cpu=kind, train_plan=train_plan, ms_per_iter=ms_iter, fold_plan=fold_plan, busy_fold=busy_fold,
                   sample_plan=plan_f, sample_tok_s=tps_f, sample_ckpt_tok_s=tps_t, forced_tok_s=forced,
                   default_over_fastest=tps_f / forced[fastest], same_text=text_f == text_t, decode=decode)
