@@ -54,8 +54,9 @@ def source_digest(obj):
 
 def package_key(model, batch_size, autotune=True):
     """sha256 (hex, 16 characters) of what a package depends on: the weights, the config, the batch size, how it was
-    compiled, the code it was traced from, torch, the CPU as torch sees it, and the thread count (the GEMM template splits the work by it). The
-    weights' memory order (GPT.use_decode_layout) is part of it: the package bakes them in as they are laid out."""
+    compiled, the code it was traced from, torch, the CPU as torch sees it, and the thread count (the GEMM template
+    splits the work by it). The weights' memory order (GPT.use_decode_layout) is part of it: the package bakes them in
+    as they are laid out."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
