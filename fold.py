@@ -201,7 +201,8 @@ def check_args(src, dst):
     inputs = {"--ckpt_name": src, "the run's log": os.path.join(out_dir, "log.jsonl"),
               "the run's checkpoint": os.path.join(out_dir, "ckpt.pt")}
     folders = [("--out_dir", out_dir), ("--export_hf", export_hf),
-               ("--export_gguf", export_gguf and (os.path.dirname(export_gguf) or "."))]
+               ("--export_gguf", export_gguf and (os.path.dirname(export_gguf) or ".")),
+               ("--compile_cache", compile_decode and device == "cpu" and (compile_cache or default_folder()))]
     return (clobber_problem(outputs, inputs) or (export_hf and run_folder_problem(export_hf))
             or next((p for flag, folder in folders if folder and (p := writable_problem(folder, flag))), None))
 

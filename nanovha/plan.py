@@ -119,14 +119,20 @@ def plan_key(*parts):
     return hashlib.sha256(json.dumps([*parts, *env], default=str).encode()).hexdigest()[:16]
 
 
+JOB_KEYS = ("seconds", "rounds", "chosen", "clear", "busy_cores", "provisional", "when", "by", "how")
+
+
 def read_plan(path):
-    """The plan file's jobs, {} where it is missing or unreadable (a plan is a cache: measured again, never fatal)."""
+    """The plan file's jobs that hold every field, {} where it is missing or unreadable (a plan is a cache: what
+    cannot be read is measured again, never fatal)."""
     try:
         with open(path) as f:
             plan = json.load(f)
-        return plan["jobs"] if isinstance(plan, dict) and isinstance(plan.get("jobs"), dict) else {}
     except (OSError, ValueError):
         return {}
+    jobs = plan.get("jobs") if isinstance(plan, dict) else None
+    return {name: job for name, job in jobs.items() if isinstance(job, dict) and all(k in job for k in JOB_KEYS)
+            and job["chosen"] in job["seconds"]} if isinstance(jobs, dict) else {}
 
 
 def write_plan(path, about, jobs):
@@ -178,8 +184,7 @@ def train_plan(step, key_parts, folder, replan=False, clock=time.perf_counter, b
         return job["chosen"], describe(job, job["chosen"], "step")
     fns = {d: (lambda d=d: step(d)) for d in ("float32", "bfloat16")}
     stop, first = others_busy(), {}
-    for d in fns:  # one untimed-for-the-median call each, float32 first
-
+    for d in fns:  # a warm-up step each, float32 first: timed only to spot an emulated bf16
         t0 = clock()
         fns[d]()
         first[d] = clock() - t0

@@ -238,6 +238,7 @@ BAD_OUTPUTS = [  # fold.py flags that would destroy an input or write where it c
     (["--export_hf={d}/vha/notes.pt/hf"], "is a file, not a folder"),
     (["--gguf_dtype=int8"], "gguf_dtype must be one of float32, float16, bfloat16, got 'int8'"),
     (["--export_gguf={d}/vha/notes.pt/model.gguf"], "--export_gguf={d}/vha/notes.pt: "),
+    (["--compile_cache={d}/vha/notes.pt"], "--compile_cache={d}/vha/notes.pt: "),  # packages and plans: a file
 ]
 
 

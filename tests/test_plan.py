@@ -136,10 +136,11 @@ def test_a_plan_made_on_a_busy_machine_is_provisional_and_measured_again(tmp_pat
     assert dtype == "bfloat16" and calls and "PROVISIONAL" not in line  # measured again, now quiet
     calls.clear()
     assert plan.train_plan(step, ["m"], str(tmp_path), clock=clock)[0] == "bfloat16" and not calls  # then kept
-    with open(path, "w") as f:
-        f.write("{not json")
-    calls.clear()
-    assert plan.train_plan(step, ["m"], str(tmp_path), clock=clock)[0] == "bfloat16" and calls
+    for broken in ("{not json", '{"jobs": {"train": {"chosen": "bfloat16"}}}', '{"jobs": []}', "[1, 2]"):
+        with open(path, "w") as f:
+            f.write(broken)  # a plan file cut short or edited by hand: measured again, never a traceback
+        calls.clear()
+        assert plan.train_plan(step, ["m"], str(tmp_path), clock=clock)[0] == "bfloat16" and calls
 
 
 def tiny_gqa():
