@@ -98,16 +98,14 @@ def plain_attention(q, k, v):
     return scores.softmax(dim=-1) @ v  # (B, H_q, Tq, hd)
 
 
-def grouped_decode_attention(q, k, v, visible=None):
+def grouped_decode_attention(q, k, v):
     """One-token decode (Tq=1) with one matmul per KV head: reads each cached K/V once, however
-    many query heads share it (CPU SDPA does per-query-head work at Tq=1). q: (B, H_q, 1, hd).
-    visible: None (k, v hold exactly the past) or a (Tk,) bool mask of the positions to attend."""
+    many query heads share it (CPU SDPA with enable_gqa does per-query-head work at Tq=1). q: (B, H_q, 1, hd),
+    k/v hold exactly the past. The compiled step does the same with SDPA over the group as query rows (attend)."""
     B, H_q, _, hd = q.shape
     H_kv = k.size(1)
     qg = q.view(B, H_kv, H_q // H_kv, hd) * hd ** -0.5  # (B, H_kv, group, hd): heads j = g*group + i; scaled
     scores = qg @ k.transpose(-2, -1)  # (B, H_kv, group, Tk): scaling q is cheaper than scaling Tk scores
-    if visible is not None:
-        scores = scores.masked_fill(~visible, float("-inf"))
     out = scores.softmax(dim=-1) @ v  # (B, H_kv, group, hd)
     return out.view(B, H_q, 1, hd)
 
@@ -211,12 +209,13 @@ class Attention(nn.Module):
         static = isinstance(start_pos, torch.Tensor)  # static-shape decode (torch.compile, CUDA graphs)
         if start_pos is not None:
             k, v = self.kv_cache.update(start_pos, k, v)  # (B, H_kv, start_pos+T, d); static: the whole cache
-        if T == 1 and start_pos is not None and (cfg.decode_impl == "grouped" or static):
-            visible = torch.arange(k.size(2), device=k.device) <= start_pos if static else None  # (max_len,): written
-            if static and k.size(1) == q.size(1):  # one query per KV head (MHA): SDPA reads K/V once as well, where
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None])  # inductor would lower the
-                # one-row matmuls of grouped_decode_attention to slow generated reductions
-            return grouped_decode_attention(q, k, v, visible)
+        if T == 1 and static:  # the compiled step: the group's query heads as query rows of one SDPA call per KV head
+            B, H, _, d = q.shape
+            visible = torch.arange(k.size(2), device=k.device) <= start_pos  # (max_len,): the positions written
+            qg = q.view(B, k.size(1), H // k.size(1), d)  # (B, H_kv, group, d): heads j = g*group + i
+            return F.scaled_dot_product_attention(qg, k, v, attn_mask=visible[None]).view(B, H, 1, d)
+        if T == 1 and start_pos is not None and cfg.decode_impl == "grouped":
+            return grouped_decode_attention(q, k, v)  # the same grouping, as two matmuls (eager)
         if cfg.attn_impl == "plain":
             return plain_attention(q, k, v)
         # prefill starts at 0 and training has no cache, so the causal mask is the square one
