@@ -13,8 +13,8 @@ import time
 import torch
 
 from data.common import load_tokenizer
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from model import fold_to_gqa
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.compiled_decode import default_folder
 from nanovha.config import flat_defaults, settings, stop_if
 from nanovha.hardware import choose_decode_dtype, memory_problem
