@@ -30,7 +30,7 @@ from nanovha.config import flat_defaults, need, settings, stop_if
 from nanovha.hardware import choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, matmul_peak
 from nanovha.hardware import interleaved as interleaved_on, memory_problem, print_table, timed as timed_on, verdict
 from nanovha.decode_plot import plot_decode
-from nanovha.plan import decode_plan
+from nanovha.plan import decode_plan, random_context
 
 # -----------------------------------------------------------------------------
 n_layer = 6
@@ -246,10 +246,7 @@ def time_decode(models, ctx, compiled, runners={}):
     steps, kv_alloc, first = {}, {}, {}
     with torch.inference_mode():  # no autograd bookkeeping (and one CUDA graph, not a no_grad one and then another)
         for name, model in models.items():
-            model.setup_cache(batch_size, ctx + 1 + warmup + decode_steps)
-            for block in model.blocks:
-                block.attn.kv_cache.k[:, :, :ctx].normal_()
-                block.attn.kv_cache.v[:, :, :ctx].normal_()
+            random_context(model, ctx, ctx + 1 + warmup + decode_steps, batch_size)
             kv_alloc[name] = sum(b.attn.kv_cache.k.nbytes + b.attn.kv_cache.v.nbytes for b in model.blocks)
             for runtime in runtimes:
                 steps[(name, runtime)] = decode_step(model, ctx, runtime, compiled.get(name))

@@ -170,8 +170,9 @@ def package_problem(model, step, batch_size):
     scale = max(1.0, eager.abs().max().item())
     tolerance = (1e-3 if model.embed.weight.dtype in (torch.float32, torch.float64) else 5e-2) * scale
     diff = (compiled - eager).abs().max().item() if compiled.shape == eager.shape else float("inf")
-    return None if diff <= tolerance else f"its first step differs from eager decode by {diff:.2g} (a package of " \
-                                          f"another model?)"
+    if diff <= tolerance:
+        return None
+    return f"its first step differs from eager decode by {diff:.2g} (a package of another model?)"
 
 
 def default_folder():

@@ -204,10 +204,8 @@ def train_plan(step, key_parts, folder, replan=False, clock=time.perf_counter, b
 
 
 # ---- decode: {compiled, eager} x {float32, bf16 where native} at both ends of the contexts a command reaches
-def candidates(native):
-    """Decode candidates in safety order: float32 first, the compiled step before eager. native: whether bf16 runs
-    natively here, or the dtypes themselves (an explicit --dtype)."""
-    dtypes = native if isinstance(native, (list, tuple)) else ["float32", "bfloat16"] if native else ["float32"]
+def candidates(dtypes):
+    """Decode candidates in safety order: the dtypes' order (float32 first), the compiled step before eager."""
     return [f"{runtime} {d}" for d in dtypes for runtime in ("compiled", "eager")]
 
 
@@ -219,14 +217,20 @@ def context_range(first, last):
     return lo, hi
 
 
-def decode_step_at(model, ctx, step=None, span=16):
-    """A call that decodes one token at positions ctx .. ctx+span-1 in turn (the cache filled with random K/V up to
-    ctx: speed does not depend on the values), eager or through a compiled step."""
-    model.setup_cache(1, ctx + span)
+def random_context(model, ctx, max_len, batch_size=1):
+    """A fresh cache of max_len positions whose first ctx hold random K/V: a context to time decode at without a
+    prefill (speed does not depend on the values)."""
+    model.setup_cache(batch_size, max_len)
     with torch.no_grad():
         for block in model.blocks:
             block.attn.kv_cache.k[:, :, :ctx].normal_()
             block.attn.kv_cache.v[:, :, :ctx].normal_()
+
+
+def decode_step_at(model, ctx, step=None, span=16):
+    """A call that decodes one token at positions ctx .. ctx+span-1 in turn (random_context up to ctx), eager or
+    through a compiled step."""
+    random_context(model, ctx, ctx + span)
     token = torch.zeros(1, 1, dtype=torch.long, device=model.embed.weight.device)
     state = {"k": 0}
 
@@ -253,7 +257,8 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
     (--dtype, --compile). build: compile the packages that are missing (fold.py, bench_decode.py); else only cached
     packages are candidates."""
     from nanovha.compiled_decode import compiled_decode, package_path
-    everything = candidates(cpu_bf16_support()[0]) if dtypes is None else candidates(dtypes)
+    native = ["float32", "bfloat16"] if cpu_bf16_support()[0] else ["float32"]
+    everything = candidates(dtypes or native)
     names = [n for n in everything if n.split()[0] in runtimes]
     path = os.path.join(folder, f"plan-{plan_key('decode', repr(model.cfg), everything)}.json")
     job_name = f"{contexts[0]}-{contexts[1]}"
@@ -261,7 +266,8 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
     models = {}
 
     def prepared(d):  # the model in dtype d, in the decode layout (the layout the packages are built on)
-        models[d] = models.get(d) or copy.deepcopy(model).to(getattr(torch, d)).eval().use_decode_layout()
+        if d not in models:
+            models[d] = copy.deepcopy(model).to(getattr(torch, d)).eval().use_decode_layout()
         return models[d]
     available = [n for n in names if n.startswith("eager") or build
                  or os.path.exists(package_path(prepared(n.split()[1]), folder))]
@@ -269,10 +275,10 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
     if job and not job.get("provisional") and set(available) <= set(job.get("rounds", {})):
         note, steps = None, {}
     else:
-        steps = {d: compiled_decode(prepared(d), folder) for d in dict.fromkeys(n.split()[1] for n in available)
-                 if f"compiled {d}" in available}
-        job = measure_decode({d: prepared(d) for d in dict.fromkeys(n.split()[1] for n in available)}, steps,
-                             available, contexts, clock, by)
+        steps = {n.split()[1]: compiled_decode(prepared(n.split()[1]), folder) for n in available
+                 if n.startswith("compiled")}
+        job = measure_decode({n.split()[1]: prepared(n.split()[1]) for n in available}, steps, available, contexts,
+                             clock, by)
         note = write_plan(path, dict(kind="decode", shape=repr(model.cfg), machine=cpu_kind(),
                                      torch=torch.__version__), dict(jobs, **{job_name: job}))
         job = dict(job, fresh=True)

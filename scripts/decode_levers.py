@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from model import GPT, GPTConfig  # noqa: E402
 from nanovha.config import flat_defaults, settings  # noqa: E402
+from nanovha.plan import random_context  # noqa: E402
 
 shape = "bench"  # bench: 6 layers x 512, 16 heads of dim 32, 2 KV heads, vocab 128; demo: 4 x 128, 8 of 16, vocab 65
 context = 1024
@@ -51,10 +52,7 @@ def run_lever():
         runner.fill(context, 2048)
         step, build_s = runner.step, 0.0
     else:
-        model.setup_cache(1, context + steps + 8)
-        for block in model.blocks:
-            block.attn.kv_cache.k[:, :, :context].normal_()
-            block.attn.kv_cache.v[:, :, :context].normal_()
+        random_context(model, context, context + steps + 8)
         pos, t0 = torch.tensor([context]), time.perf_counter()
         if lever.startswith("eager"):
             step = lambda: (model.decode_one_token(token, int(pos)), pos.add_(1))
