@@ -2,7 +2,7 @@
 One row of the table of CPU kinds (docs/benchmarks.md, README), measured on the machine at hand with the commands a
 user runs. Run it with nothing else on the machine; it prints what it runs, every figure, the row, and a JSON line.
 
-    python scripts/cpu_report.py                         # about 10 minutes on 2 cores, most of it package builds
+    python scripts/cpu_report.py                         # 4-9 min on 2 cores (Intel AMX; see docs)
     python scripts/cpu_report.py --busy_fold=True        # fold.py beside a CPU-bound process: the plan must hold
 
 1. Training: train.py on the demo config for train_iters iterations in a fresh cache: the dtype its plan picks, with
