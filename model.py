@@ -110,6 +110,36 @@ def grouped_decode_attention(q, k, v):
     return out.view(B, H_q, 1, hd)
 
 
+CACHE_BLOCK = 64  # KV caches hold whole blocks of this many positions (see split_kv_attention)
+
+
+def split_kv_attention(q, k, v, visible, scale=None, splits=None):
+    """One-token decode over a static cache, flash-decoding style: q (B, H_kv, G, d) holds each KV head's G
+    query heads as query rows; k (B, H_kv, T, d), v (B, H_kv, T, d_v); visible (T,) the positions written.
+    -> (B, H_kv, G, d_v). A CPU SDPA call works on one (batch, head) per thread, so with fewer KV heads than threads
+    (MQA, MFA, MLA's latent) the cache is cut into S chunks along T, each attended on its own, and the chunks'
+    outputs are merged by their log-sum-exps: out = sum_s softmax_s(lse_s) out_s (exact, up to rounding).
+    splits=None: as many chunks as idle threads; the tests set it."""
+    B, H_kv, G, d = q.shape
+    T = k.size(2)
+    S = torch.get_num_threads() // (B * H_kv) if splits is None else splits
+    S = 1 << (min(S, CACHE_BLOCK).bit_length() - 1) if S >= 1 and q.device.type == "cpu" else 1  # a power of 2
+    if S < 2 or T % S or v.size(-1) != d:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None], scale=scale)
+    n = T // S
+    qs = q[:, :, None].expand(B, H_kv, S, G, d).reshape(B, H_kv * S, G, d)  # (B, H_kv*S, G, d): chunks as heads
+    ks, vs = k.view(B, H_kv * S, n, d), v.view(B, H_kv * S, n, d)  # (B, H_kv*S, n, d): chunk s of KV head g
+    seen = visible.view(S, n)  # (S, n)
+    bias = torch.zeros(S, n, dtype=q.dtype, device=q.device).masked_fill(~seen, float("-inf"))
+    bias = bias[None, :, None].expand(H_kv, S, 1, n).reshape(1, H_kv * S, 1, n)  # (1, H_kv*S, 1, n)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qs, ks, vs, 0.0, False,
+                                                                           attn_mask=bias, scale=scale)
+    lse = lse.view(B, H_kv, S, G).masked_fill(~seen.any(dim=1)[:, None], float("-inf"))  # a chunk not yet written
+    acc = torch.promote_types(q.dtype, torch.float32)  # bf16 chunks merge in float32
+    w = lse.to(acc).softmax(dim=2)[..., None]  # (B, H_kv, S, G, 1): chunk s's share of the softmax mass
+    return (out.view(B, H_kv, S, G, d).to(acc) * w).sum(dim=2).to(q.dtype)  # (B, H_kv, G, d)
+
+
 def kv_expand_needed(device_type, dtype, H_q, H_kv):
     """True only for grouped heads in float32 on CUDA, where no fused SDPA kernel takes enable_gqa."""
     return device_type == "cuda" and dtype == torch.float32 and H_q != H_kv
@@ -213,7 +243,7 @@ class Attention(nn.Module):
             B, H, _, d = q.shape
             visible = torch.arange(k.size(2), device=k.device) <= start_pos  # (max_len,): the positions written
             qg = q.view(B, k.size(1), H // k.size(1), d)  # (B, H_kv, group, d): heads j = g*group + i
-            return F.scaled_dot_product_attention(qg, k, v, attn_mask=visible[None]).view(B, H, 1, d)
+            return split_kv_attention(qg, k, v, visible).view(B, H, 1, d)
         if T == 1 and start_pos is not None and cfg.decode_impl == "grouped":
             return grouped_decode_attention(q, k, v)  # the same grouping, as two matmuls (eager)
         if cfg.attn_impl == "plain":
@@ -274,7 +304,7 @@ class MLAttention(nn.Module):
         self.kv_norm = RMSNorm(r, cfg.norm_eps)
         self.kv_up = nn.Linear(r, H * 2 * d, bias=False)  # rows per head h: [W_uk,h (d); W_uv,h (d)]
         self.o_proj = nn.Linear(H * d, D, bias=False)
-        self.cache_dims = (1, r, dR)  # KVCache: one latent "head", k <- c_kv, v <- k_R
+        self.cache_dims = (1, r + dR, 0)  # KVCache: one latent "head", k <- [c_kv ; k_R], v unused
         self.kv_cache = None
 
     def forward(self, x, cos, sin, start_pos=None):
@@ -290,12 +320,14 @@ class MLAttention(nn.Module):
         c_kv = self.kv_norm(c_kv)[:, None]  # (B, 1, T, r)
         k_rope = apply_rope(k_rope[:, None], cos, sin)  # (B, 1, T, d_R): one RoPE key for every head
         static = isinstance(start_pos, torch.Tensor)
+        kv = torch.cat([c_kv, k_rope], dim=-1)  # (B, 1, T, r + d_R): what a token caches
         if start_pos is not None:
-            c_kv, k_rope = self.kv_cache.update(start_pos, c_kv, k_rope)  # (B, 1, Tk, r), (B, 1, Tk, d_R)
-        visible = torch.arange(c_kv.size(2), device=x.device) <= start_pos if static else None  # (max_len,): written
+            kv, _ = self.kv_cache.update(start_pos, kv, kv[..., :0])  # (B, 1, Tk, r + d_R)
+        visible = torch.arange(kv.size(2), device=x.device) <= start_pos if static else None  # (max_len,): written
         if T == 1 and start_pos is not None and cfg.mla_decode == "absorb":
-            a = self.absorbed_attention(q_nope, q_rope, c_kv, k_rope, visible)
+            a = self.absorbed_attention(q_nope, q_rope, kv, visible)
         else:
+            c_kv, k_rope = kv.split([cfg.mla_kv_rank, dR], dim=-1)  # (B, 1, Tk, r), (B, 1, Tk, d_R)
             a = self.naive_attention(q_nope, q_rope, c_kv, k_rope, visible, causal=T > 1)
         return self.o_proj(a.transpose(1, 2).reshape(B, T, H * d))  # (B, H, T, d) -> (B, T, H*d) -> (B, T, D)
 
@@ -313,18 +345,19 @@ class MLAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and visible is None,
                                               dropout_p=self.cfg.dropout if self.training else 0.0)
 
-    def absorbed_attention(self, q_nope, q_rope, c_kv, k_rope, visible):
-        """One decoded token, attention over the cached latents. -> (B, H, 1, d)"""
+    def absorbed_attention(self, q_nope, q_rope, kv, visible):
+        """One decoded token, attention over the cached [c_kv ; k_R] rows kv (B, 1, Tk, r + d_R). -> (B, H, 1, d)"""
         H, d, r = self.cfg.n_head, self.cfg.head_dim, self.cfg.mla_kv_rank
         W_uk, W_uv = self.kv_up.weight.view(H, 2 * d, r).split([d, d], dim=1)  # (H, d, r) each
-        q_latent = (q_nope @ W_uk).transpose(1, 2)  # (B, H, 1, d) @ (H, d, r) -> (B, 1, H, r): W_uk,h^T q_C,h
-        # every head reads the one latent as a KV head shared by H queries: one matmul reads the cache once
-        # (a (B, H, 1, r) query would broadcast c_kv to every head, copying it H times)
-        scores = q_latent @ c_kv.transpose(-2, -1) + q_rope.transpose(1, 2) @ k_rope.transpose(-2, -1)  # (B, 1, H, Tk)
-        scores = scores / math.sqrt(d + q_rope.size(-1))
-        if visible is not None:
-            scores = scores.masked_fill(~visible, float("-inf"))
-        a_latent = (scores.softmax(dim=-1) @ c_kv).transpose(1, 2)  # (B, 1, H, r) -> (B, H, 1, r): sum_t p_t c_t
+        q_latent = q_nope @ W_uk  # (B, H, 1, d) @ (H, d, r) -> (B, H, 1, r): W_uk,h^T q_C,h
+        q = torch.cat([q_latent, q_rope], dim=-1).transpose(1, 2)  # (B, 1, H, r + d_R): H query rows, one KV head
+        # q . [c_t ; k_R,t] = q_latent . c_t + q_R . k_R,t; the cached row is the value too, of which the first r
+        # columns are kept: sum_t p_t c_t. One SDPA reads the cache once for every head (a (B, H, 1, r) query
+        # would broadcast the cache to every head, copying it H times)
+        if visible is None:
+            visible = torch.ones(kv.size(2), dtype=torch.bool, device=kv.device)  # (Tk,): exactly the past
+        a = split_kv_attention(q, kv, kv, visible, scale=1 / math.sqrt(d + q_rope.size(-1)))  # (B, 1, H, r + d_R)
+        a_latent = a[..., :r].transpose(1, 2)  # (B, H, 1, r): sum_t p_t c_t
         return a_latent @ W_uv.transpose(-2, -1)  # (B, H, 1, d): W_uv,h (sum_t p_t c_t)
 
 
@@ -515,8 +548,10 @@ class GPT(nn.Module):
 
     # ---- generation with a preallocated KV cache (gpt-fast style)
     def setup_cache(self, batch_size, max_len, dtype=None, device=None):
-        """One KVCache per layer for positions 0..max_len-1 (in the weights' dtype unless given)."""
+        """One KVCache per layer for positions 0..max_len-1 (in the weights' dtype unless given), rounded up to whole
+        blocks of CACHE_BLOCK positions, which split_kv_attention can cut into equal chunks."""
         dtype, device = dtype or self.embed.weight.dtype, device or self.embed.weight.device
+        max_len = -(-max_len // CACHE_BLOCK) * CACHE_BLOCK  # ceil to a whole number of blocks
         for block in self.blocks:
             heads, k_dim, v_dim = block.attn.cache_dims
             block.attn.kv_cache = KVCache(batch_size, heads, max_len, k_dim, v_dim, dtype, device)

@@ -24,6 +24,7 @@ import warnings
 
 import torch
 
+from model import CACHE_BLOCK
 from nanovha.hardware import cpu_kind
 
 
@@ -71,9 +72,9 @@ def package_key(model, batch_size, autotune=True):
 def build(model, path, batch_size=1, autotune=True):
     """Exports the decode step and compiles it into the AOTInductor package at path (written whole, then renamed)."""
     caches_before = [block.attn.kv_cache for block in model.blocks]
-    model.setup_cache(batch_size, 64)  # the slots functional_call fills; the length is dynamic, 64 fixes nothing
+    model.setup_cache(batch_size, 2 * CACHE_BLOCK)  # the slots functional_call fills; their length is dynamic
     example = [c.clone() for c in caches_of(model)]  # inputs distinct from the model's own buffers (no aliasing)
-    length = torch.export.Dim("cache_len", min=2, max=1 << 24)
+    length = CACHE_BLOCK * torch.export.Dim("cache_blocks", min=1, max=(1 << 24) // CACHE_BLOCK)  # whole blocks
     token = torch.zeros(batch_size, 1, dtype=torch.long, device=example[0].device)
     pos = torch.tensor([3], device=token.device)
     try:
