@@ -18,6 +18,7 @@ import time
 import numpy as np
 import torch
 
+from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, parse_primary,
                                  primary_lines, pyplot, read_json, run_all, same_run, t_crit, train, write_json)
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
@@ -116,8 +117,9 @@ def run_lm(cfg, job):
     res = {"variant": variant, "seed": seed, "args": args, "iters": cfg["lm_iters"], "block_size": cfg["block_size"],
            "tokens": tokens_per_run(cfg), "val_loss": evals[-1]["val_loss"],
            "train_loss": evals[-1]["train_loss"], "curve": [[r["tokens"], r["val_loss"]] for r in evals],
-           "params": model.num_params(), "flops_per_token": model.cfg.flops_per_token(cfg["block_size"], training=True),
-           "kv_bytes_per_token": model.cfg.kv_bytes_per_token(torch.bfloat16),
+           "params": model.num_params(),
+           "flops_per_token": flops_per_token(model.cfg, cfg["block_size"], training=True),
+           "kv_bytes_per_token": kv_bytes_per_token(model.cfg, torch.bfloat16),
            "tok_per_s": float(np.mean(speed)) if speed else None, "train_s": rows[-1]["time"],
            "wall_s": time.time() - t0}
     write_json(result_path, res)

@@ -16,7 +16,9 @@ from contextlib import nullcontext
 
 import torch
 
+import nanovha.mla_mfa  # noqa: F401 (registers attn="mla" and "mfa")
 from nanovha.config import ConfigError, config_file_values, flat_defaults, need, settings
+from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.hardware import compile_counters, gpu_spec, interleaved, print_table, verdict
 from model import GPT, GPTConfig
 
@@ -101,7 +103,7 @@ def run_train():
     rows = []
     for name, model in models.items():
         c, tok_s = model.cfg, batch_size * block_size / seconds[name]
-        flops = model.cfg.flops_per_token(block_size, training=True)
+        flops = flops_per_token(model.cfg, block_size, training=True)
         rows.append(dict(variant=name, heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV",
                          params_m=model.num_params() / 1e6, flops_per_token=flops, ms_per_step=seconds[name] * 1e3,
                          tok_s=tok_s, mfu=flops * tok_s / peak if peak else None))
@@ -165,9 +167,9 @@ def run_costs():
         c, T = model.cfg, model.cfg.block_size
         rows.append(dict(config=os.path.basename(path), attn=c.attn,
                          heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV", params_b=model.num_params() / 1e9,
-                         kv_bytes_per_layer=model.cfg.kv_bytes_per_token(torch.bfloat16) // c.n_layer,
-                         kv_kb_per_token=model.cfg.kv_bytes_per_token(torch.bfloat16) / 1024, T=T,
-                         train_flops_per_token=model.cfg.flops_per_token(T, training=True),
+                         kv_bytes_per_layer=kv_bytes_per_token(model.cfg, torch.bfloat16) // c.n_layer,
+                         kv_kb_per_token=kv_bytes_per_token(model.cfg, torch.bfloat16) / 1024, T=T,
+                         train_flops_per_token=flops_per_token(model.cfg, T, training=True),
                          paper_gflops=PAPER_GFLOPS.get(os.path.basename(path))))
     for r in rows:
         r["flops_vs_first"] = r["train_flops_per_token"] / rows[0]["train_flops_per_token"]

@@ -22,11 +22,13 @@ import time
 
 import torch
 
-from model import GPT, GPTConfig, fold_to_gqa, grouped_decode_attention, sdpa, split_kv_attention
+from model import GPT, GPTConfig, fold_to_gqa
 from nanovha import llamacpp
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.compiled_decode import compiled_decode, default_folder
 from nanovha.config import flat_defaults, need, settings, stop_if
+from nanovha.costs import kv_bytes_per_token
+from nanovha.kernels import decode_attention, sdpa, use_decode_layout
 from nanovha.hardware import choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, matmul_peak
 from nanovha.hardware import interleaved as interleaved_on, memory_problem, print_table, timed as timed_on, verdict
 from nanovha.decode_plot import plot_decode
@@ -199,12 +201,9 @@ def time_attention(models, ctx, ptdtype, runtime):
             continue
         kv = [rand(2, batch_size, c.n_kv_head, ctx, c.head_dim) for _ in range(c.n_layer)]
         q = rand(batch_size, c.n_head, 1, c.head_dim)
-        if runtime != "eager":  # the compiled step: each KV head's query heads as query rows, split along the cache
-            qg = q.view(batch_size, c.n_kv_head, c.n_head // c.n_kv_head, c.head_dim)  # (B, H_kv, group, d)
-            seen = torch.ones(ctx, dtype=torch.bool, device=device)
-            fns[name] = lambda kv=kv, qg=qg, seen=seen: [split_kv_attention(qg, k, v, seen) for k, v in kv]
-        elif decode_impl == "grouped":
-            fns[name] = lambda kv=kv, q=q: [grouped_decode_attention(q, k, v) for k, v in kv]
+        pos = ctx if runtime == "eager" else torch.tensor([ctx - 1], device=device)  # static: compiled's path
+        if runtime != "eager" or decode_impl == "grouped":
+            fns[name] = lambda kv=kv, q=q, pos=pos: [decode_attention(q, k, v, pos) for k, v in kv]
         else:
             fns[name] = lambda kv=kv, q=q: [sdpa(q, k, v) for k, v in kv]  # as the model calls it
     with torch.inference_mode():
@@ -301,7 +300,7 @@ def decode_table(models, ctxs, bw, runners, compiled, ptdtype):
         for (name, runtime), s in seconds.items():
             model, p_len = models[runners[name][1] if name in runners else name], min(ctx, prefill_max)
             ttft = runners[name][0].ttft[p_len] if name in runners else prefill[p_len][name]
-            kv_tok = model.cfg.kv_bytes_per_token(ptdtype)
+            kv_tok = kv_bytes_per_token(model.cfg, ptdtype)
             step_bytes = weight_bytes(model) + kv_tok * ctx * batch_size  # read once per decoded token
             rows.append(dict(variant=name, runtime=runtime, ctx=ctx, kv_bytes_per_token=kv_tok,
                              kv_cache_mb=kv_alloc[name] / 1e6, prefill_len=p_len, ttft_ms=ttft * 1e3,
@@ -346,7 +345,8 @@ def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
     floor_compiled = dict(compiled, **(compiled_steps(floor) if runtime != "eager" else {}))
     floor_s = time_decode(dict(models, **floor), 1, floor_compiled, runners)[0]
     floor_ms = {n: s * 1e3 for (n, r), s in floor_s.items() if r in (runtime, "llama.cpp")}
-    attn_s, flops_peak, breakdown = time_attention(models, top, ptdtype, runtime), matmul_peak(device, ptdtype, matmul_n), {}
+    attn_s, breakdown = time_attention(models, top, ptdtype, runtime), {}
+    flops_peak = matmul_peak(device, ptdtype, matmul_n)
     for name in [*models, *runners]:
         model = models[runners[name][1] if name in runners else name]
         r = at[(name, "llama.cpp" if name in runners else runtime, top)]
@@ -375,7 +375,8 @@ def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
         ("roofline ms", "roofline_ms", "{:.2f}")])
     print(f"pure per-op overhead (same layers and ops at head dim 2, no bandwidth to speak of): "
           f"{floor_ms['op_floor']:.2f} ms/token")
-    print(f"\nthe attention alone at context {top} (every layer, random K/V, no projections, as {runtime} calls it, run eagerly); matmul peak "
+    print(f"\nthe attention alone at context {top} (every layer, random K/V, no projections, as {runtime} calls "
+          f"it, run eagerly); matmul peak "
           f"{flops_peak / 1e9:.1f} GFLOP/s ({matmul_n}^3, {str(ptdtype)[6:]}); its roof = max(K/V bytes at peak "
           f"bandwidth, FLOPs at the matmul peak)")
     print_table([b for n, b in breakdown.items() if n in models], [
@@ -410,7 +411,8 @@ def check_targets(models, at, breakdown, top, op_floor_ms, dtype_name):
     print(f"  folded VHA >= 50% of copy bandwidth (weights + KV per step / time): {x:.0%}  {verdict(x >= 0.5)}")
     worst = max((r["kv_over_roof"], n) for n, r in breakdown.items() if n in models and r["kv_over_roof"])
     targets["worst_kv_over_roof"] = worst[0]
-    print(f"  every variant's KV part within 3x of its roof: worst {worst[0]:.1f}x ({worst[1]})  {verdict(worst[0] <= 3)}")
+    print(f"  every variant's KV part within 3x of its roof: worst {worst[0]:.1f}x ({worst[1]})  "
+          f"{verdict(worst[0] <= 3)}")
     print(f"  where the time goes: {b['ms_top']:.2f} ms/token = {b['ms_ctx1']:.2f} ms fixed (weights at peak: "
           f"{b['weights_ms']:.2f}, per-op overhead alone: {op_floor_ms:.2f}) + {b['kv_ms']:.2f} ms for the KV cache; "
           f"roofline {b['roofline_ms']:.2f} ms")
@@ -442,7 +444,7 @@ def run_decode():
          f"--contexts wants comma-separated positive integers (e.g. 1024,4096) or auto, got {contexts!r}")
     ctxs = [2**i for i in range(10, 18 if device_type == "cuda" else 15)] if contexts == "auto" else [*map(int, parts)]
     models, fold_diffs, meta = decode_models()
-    caches = sum(m.cfg.kv_bytes_per_token(torch.float32) for m in models.values()) * max(ctxs) * batch_size
+    caches = sum(kv_bytes_per_token(m.cfg, torch.float32) for m in models.values()) * max(ctxs) * batch_size
     stop_if(memory_problem(caches + sum(weight_bytes(m) for m in models.values()), device,
                            f"the KV caches at context {max(ctxs):,} (batch {batch_size}) and every variant's weights",
                            "lower --contexts or --batch_size, or bench fewer --variants"))
@@ -457,7 +459,7 @@ def run_decode():
     for model in models.values():
         model.to(device, ptdtype)
         if weight_layout == "in_out":
-            model.use_decode_layout()  # same values and shape, transposed storage
+            use_decode_layout(model)  # same values and shape, transposed storage
     names = [n for n in ("vha_folded", "ckpt") if n in models] if llama_cpp else []
     runners = llamacpp.runners({n: models[n] for n in names}, {"ckpt": meta}, device_type)
     bw = copy_bandwidth(device, copy_mib)

@@ -29,6 +29,8 @@ from nanovha import llamacpp
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nanovha.compiled_decode import default_folder
 from nanovha.config import flat_defaults, settings
+from nanovha.costs import kv_bytes_per_token
+from nanovha.generate import generate
 from nanovha.gguf import GGUF_DTYPES, gguf_export_problem, write_gguf
 from nanovha.plan import context_range, decode_plan
 from nanovha.health import layer_health
@@ -98,7 +100,7 @@ def logit_diff(model_a, model_b, tokens):
 @torch.no_grad()
 def first_difference(model_a, model_b, prompt):
     """Greedy-generates gen_tokens with both models; None if identical, else the first differing index."""
-    out_a, out_b = (m.generate(prompt, gen_tokens, temperature=0)[0, prompt.size(1):] for m in (model_a, model_b))
+    out_a, out_b = (generate(m, prompt, gen_tokens, temperature=0)[0, prompt.size(1):] for m in (model_a, model_b))
     differ = (out_a != out_b).nonzero()
     return None if len(differ) == 0 else int(differ[0])
 
@@ -272,7 +274,7 @@ def fold_and_prove(model, ckpt, src, dst):
         same = "identical" if diverged is None else f"DIFFERENT from token {diverged} ({name} rounding at a near-tie)"
         print(f"  {name:<8} |logit diff| max {worst:.2e}, mean {mean:.2e}; greedy {gen_tokens} tokens: {same}")
     print(f"params: {model.num_params():,} -> {deployed.num_params():,}   KV cache: "
-          f"{model.cfg.kv_bytes_per_token(torch.bfloat16):,} -> {deployed.cfg.kv_bytes_per_token(torch.bfloat16):,} "
+          f"{kv_bytes_per_token(model.cfg, torch.bfloat16):,} -> {kv_bytes_per_token(deployed.cfg, torch.bfloat16):,} "
           f"bytes/token (bf16)")
     print(f"time: fold {t_fold:.2f} s, proof {t_proof:.2f} s")
     return deployed, tokens

@@ -17,6 +17,8 @@ from model import fold_to_gqa
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.compiled_decode import default_folder
 from nanovha.config import flat_defaults, settings, stop_if
+from nanovha.costs import kv_bytes_per_token
+from nanovha.generate import generate
 from nanovha.hardware import choose_decode_dtype, memory_problem
 from nanovha.plan import context_range, decode_plan
 from nanovha.qwen3 import model_from_hf
@@ -75,7 +77,7 @@ if not prompt:
 block = model.cfg.block_size
 if len(prompt) > block:
     sys.exit(f"error: the prompt is {len(prompt)} tokens but the model's context (block_size) is {block}; shorten it")
-cache_bytes = model.cfg.kv_bytes_per_token(torch.float32) * (len(prompt) + max_new_tokens)  # float32 at most
+cache_bytes = kv_bytes_per_token(model.cfg, torch.float32) * (len(prompt) + max_new_tokens)  # float32 at most
 stop_if(memory_problem(cache_bytes, device, f"the KV cache for {len(prompt) + max_new_tokens:,} positions",
                        "lower --max_new_tokens"))
 if len(prompt) + max_new_tokens > block:
@@ -110,7 +112,7 @@ gen = torch.Generator(device=device).manual_seed(seed)
 for _ in range(num_samples):
     t0 = time.time()
     with torch.inference_mode():  # no autograd bookkeeping at all (version counters, views): fewer us per op
-        y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen, decode=step)
+        y = generate(model, x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen, decode=step)
     dt = time.time() - t0
     print(decode(y[0].tolist()))
     print(f"---------------  ({max_new_tokens} tokens in {dt:.2f} s, {max_new_tokens / dt:.0f} tok/s)")

@@ -26,6 +26,7 @@ import time
 import numpy as np
 import torch
 
+from nanovha.costs import kv_bytes_per_token
 from nanovha.experiments import (area, choose_variants, clopper_pearson, fmt, fmt_paired, load_results, mcnemar, mde,
                                  paired, parse_command, parse_primary, primary_lines, pyplot, read_json, ROOT, run_all,
                                  same_run, steps_to, train, write_json)
@@ -210,7 +211,7 @@ def run_one(cfg, job):
     res = {"point": point[0], "variant": variant, "seed": seed, "args": args, "spec": point[1],
            "iters": cfg["sweep_iters"], "acc": curve[-1][1],
            "exact": [r["val_exact"] for r in rows if "val_exact" in r][-1], "curve": curve,
-           "params": model.num_params(), "kv_bytes_per_token": model.cfg.kv_bytes_per_token(torch.bfloat16),
+           "params": model.num_params(), "kv_bytes_per_token": kv_bytes_per_token(model.cfg, torch.bfloat16),
            "train_s": rows[-1]["time"]}
     # deployed form: plain GQA, scored the same way
     if model.cfg.attn == "vha" and model.cfg.vha_postmix_act == "linear":

@@ -26,7 +26,8 @@ from data.dataset import DATA_ROOT, Dataset, prepare_if_missing
 from model import GPT, GPTConfig
 from nanovha.checkpoint import save_checkpoint
 from nanovha.config import flat_defaults, settings, stop_if
-from nanovha.distill import adamw_groups, drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
+from nanovha.costs import flops_per_token, kv_bytes_per_token
+from nanovha.distill import drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
 from nanovha.compiled_decode import default_folder
 from nanovha.hardware import autocast_for, choose_compile, choose_dtype, compile_counters, gpu_spec, training_step
 from nanovha.health import vha_health
@@ -269,8 +270,8 @@ if ddp:
     dtype, dtype_reason = choice
 autocast = autocast_for(device_type, dtype)  # params stay float32 (or float64); bf16/fp16 run under autocast
 
-# AdamW: weight decay on matrices and postmix, none on norms and premix (distill.adamw_groups says why)
-optimizer = torch.optim.AdamW(adamw_groups(model, weight_decay), lr=learning_rate, betas=(beta1, beta2),
+# AdamW: weight decay on matrices and postmix, none on norms and premix (GPT.optimizer_groups says why)
+optimizer = torch.optim.AdamW(model.optimizer_groups(weight_decay), lr=learning_rate, betas=(beta1, beta2),
                               **({"fused": True} if device_type == "cuda" else {}))
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == "float16"))
 frozen = frozen_params(model) if freeze_iters else []  # held still for the first freeze_iters iterations
@@ -324,7 +325,7 @@ def estimate_loss():
 
 
 peak = gpu_spec(torch.cuda.get_device_name())[0] if device_type == "cuda" else None  # for MFU; None: CPU or unknown GPU
-flops_per_iter = raw_model.cfg.flops_per_token(data.seq_len, training=True) * tokens_per_iter
+flops_per_iter = flops_per_token(raw_model.cfg, data.seq_len, training=True) * tokens_per_iter
 
 if master:
     if resuming:
@@ -332,7 +333,7 @@ if master:
     else:
         open(log_path, "w").close()
     print(f"{raw_model.cfg.attn} model: {raw_model.num_params() / 1e6:.2f}M params, KV cache "
-          f"{raw_model.cfg.kv_bytes_per_token(torch.float32)} B/token (fp32), {tokens_per_iter} tokens/iter, "
+          f"{kv_bytes_per_token(raw_model.cfg, torch.float32)} B/token (fp32), {tokens_per_iter} tokens/iter, "
           f"device {device}, {compile_reason}, {world_size} process(es)")
     emulated = dtype_reason.startswith("warning")  # an explicit bf16 on a CPU that emulates it
     print(dtype_reason if emulated else f"dtype {dtype_reason}", file=sys.stderr if emulated else sys.stdout)

@@ -11,6 +11,7 @@ from dataclasses import asdict, fields
 
 import torch
 
+import nanovha.mla_mfa  # noqa: F401 (registers attn="mla" and "mfa": every loader knows them)
 from model import GPT, GPTConfig
 
 

@@ -1,5 +1,5 @@
 """
-Which parameters train and how, for train.py: the AdamW groups, the warm-up freeze (docs/convert.md#warm-up) and the
+Which parameters train and how, for train.py: the warm-up freeze (docs/convert.md#warm-up) and the
 logit-distillation loss.
 
 Warm-up from a converted checkpoint (the authors' phase 0): for the first freeze_iters iterations only the attention
@@ -40,16 +40,6 @@ def drop_grads(params):
     gradient), the gradients are all-reduced and dropped here, before clipping measures the norm."""
     for p in params:
         p.grad = None
-
-
-def adamw_groups(model, weight_decay):
-    """AdamW's two groups. Decay: matrices (linears, embedding) and postmix U, V (their decay pulls M = I + V U^T
-    toward the identity, the plain-GQA prior). No decay: norms, and premix P, whose natural centre is the identity,
-    not zero: decay would shrink every virtual query toward nothing."""
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    decay = [p for n, p in params.items() if p.dim() >= 2 and "premix" not in n]
-    no_decay = [p for n, p in params.items() if p.dim() < 2 or "premix" in n]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def kd_loss(student_logits, teacher_logits, targets, T=1.0, alpha=0.5):

@@ -44,14 +44,24 @@ def vha_health(model, idx=None):
     rows = [layer_health(a) for a in attns]
     out = {k: sum(float(r[k].mean()) for r in rows) / len(rows) for k in rows[0] if k != "postmix_M"}
     if model.cfg.has_postmix and idx is not None:
-        was_training = model.training
-        for a in attns:
-            a.record_postmix = True  # Attention.apply_postmix stores ||a' - a|| / ||a|| as a.postmix_ratio
+        was_training, ratios = model.training, []
+        for a in attns:  # eval mode runs apply_postmix itself (training folds M into W_o): record ||a' - a|| / ||a||
+            a.apply_postmix = recording(a.apply_postmix, ratios)
         try:
             model.eval()(idx)
         finally:
             for a in attns:
-                a.record_postmix = False
+                del a.apply_postmix  # the method again
             model.train(was_training)
-        out["postmix_rel_delta"] = sum(a.postmix_ratio for a in attns) / len(attns)
+        out["postmix_rel_delta"] = sum(ratios) / len(ratios)
     return out
+
+
+def recording(apply_postmix, ratios):
+    """apply_postmix that also appends ||a' - a|| / ||a|| (mean over the batch's tokens) to ratios."""
+    def recorded(a):  # a: (B, H, T, d)
+        mixed = apply_postmix(a)
+        ratio = (mixed - a).float().norm(dim=(1, 3)) / a.float().norm(dim=(1, 3)).clamp_min(1e-12)  # (B, T)
+        ratios.append(ratio.mean().item())
+        return mixed
+    return recorded

@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from nanovha.kernels import use_decode_layout
 from nanovha.hardware import cpu_bf16_support, cpu_kind
 
 MARGIN = 0.05  # a candidate is beaten when the fastest is more than 5% faster
@@ -267,7 +268,7 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
 
     def prepared(d):  # the model in dtype d, in the decode layout (the layout the packages are built on)
         if d not in models:
-            models[d] = copy.deepcopy(model).to(getattr(torch, d)).eval().use_decode_layout()
+            models[d] = use_decode_layout(copy.deepcopy(model).to(getattr(torch, d)).eval())
         return models[d]
     available = [n for n in names if n.startswith("eager") or build
                  or os.path.exists(package_path(prepared(n.split()[1]), folder))]

@@ -16,6 +16,8 @@ import torch
 from data.common import gpt2_encoding, hf_tokenizer_files, hf_tokenizer_sha256, load_tokenizer
 from model import GPTConfig
 from nanovha.checkpoint import VOCAB_ROWS, fuse_projections, model_from_state, pad_vocab, split_projections
+from nanovha.costs import kv_bytes_per_token
+from nanovha.generate import generate
 
 # our parameter names <-> Qwen3ForCausalLM's
 HF_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
@@ -277,7 +279,7 @@ def hf_config(c):
 
 def model_card(model, folder, meta, source, n_params, note):
     """README.md of the folder: what the model is, how it was folded, its KV bytes, how to load it."""
-    c, kv = model.cfg, model.cfg.kv_bytes_per_token(torch.bfloat16)
+    c, kv = model.cfg, kv_bytes_per_token(model.cfg, torch.bfloat16)
     return (f"# {os.path.basename(os.path.abspath(folder))}\n\nA {c.n_layer}-layer Qwen3-style model "
             f"({n_params:,} parameters) written by nanoVHA's fold.py from `{source['ckpt']}`"
             f"{' (dataset: ' + meta['source'] + ')' if meta and meta.get('source') else ''}.\n\n"
@@ -347,7 +349,7 @@ def reference(model, tokens, gen_tokens):
     KV-cache path sample.py runs). -> (logits, prompt, greedy ids)."""
     dev, prompt = model.embed.weight.device, tokens[:16]
     logits = model(torch.tensor([tokens], device=dev))[0][0, :, :model.cfg.vocab_size].double().cpu()  # (T, vocab)
-    greedy = model.generate(torch.tensor([prompt], device=dev), gen_tokens, temperature=0)[0, len(prompt):].tolist()
+    greedy = generate(model, torch.tensor([prompt], device=dev), gen_tokens, temperature=0)[0, len(prompt):].tolist()
     return logits, prompt, greedy
 
 

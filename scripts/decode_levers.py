@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 from model import GPT, GPTConfig  # noqa: E402
 from nanovha.config import flat_defaults, settings  # noqa: E402
+from nanovha.kernels import use_decode_layout  # noqa: E402
 from nanovha.plan import random_context  # noqa: E402
 
 shape = "bench"  # bench: 6 layers x 512, 16 heads of dim 32, 2 KV heads, vocab 128; demo: 4 x 128, 8 of 16, vocab 65
@@ -45,7 +46,7 @@ def run_lever():
     """The child: one lever -> {"build_s", "ms"} on stdout."""
     model, token = model_of(), torch.zeros(1, 1, dtype=torch.long)
     if lever != "eager out_in":
-        model.use_decode_layout()
+        use_decode_layout(model)
     if lever == "llama.cpp":
         from nanovha.llamacpp import LlamaCpp
         runner = LlamaCpp(model, None, threads).load(context + steps + 8)

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+import nanovha.mla_mfa  # noqa: F401 (attn="mla" and "mfa" registered for every test, as every command has them)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ("the king and queen shall speak of love and war , my lord ; what light through yonder "
          "window breaks ? it is the east and juliet is the sun . to be or not to be").split()

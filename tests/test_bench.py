@@ -113,7 +113,7 @@ def test_decode_benchmark_end_to_end(tmp_path):
     parts = [b for b in out["breakdown"] if b["kv_over_roof"] is not None]
     assert out["targets"]["worst_kv_over_roof"] == max(b["kv_over_roof"] for b in parts)
     for b in parts:  # the roof is the slower of bytes at bandwidth and FLOPs at the matmul peak
-        assert b["kv_over_roof"] <= b["kv_over_bytes"] * (1 + 1e-9)
+        assert abs(b["kv_over_roof"]) <= abs(b["kv_over_bytes"]) * (1 + 1e-9)  # tiny runs: the KV part may be < 0
     assert "random K/V" in proc.stdout and "targets at context 96" in proc.stdout
     # printed, not asserted
     assert sum(line.rstrip().endswith(("PASS", "FAIL")) for line in proc.stdout.splitlines()) == 4

@@ -10,6 +10,7 @@ import torch
 from conftest import run
 from model import fold_to_gqa
 from nanovha.compiled_decode import compiled_decode, package_key
+from nanovha.kernels import use_decode_layout
 from test_bench import TINY_DECODE, last_json
 from test_model import make
 
@@ -20,7 +21,7 @@ def folded_model():
     with torch.no_grad():  # premix and postmix off the identity: the folded weights are not the plain ones
         for block in vha.blocks:
             block.attn.postmix_V.normal_(0, 0.3)
-    return fold_to_gqa(vha).eval().use_decode_layout()
+    return use_decode_layout(fold_to_gqa(vha).eval())
 
 
 def test_the_key_names_what_the_package_depends_on():

@@ -9,6 +9,7 @@ import torch
 
 from conftest import ROOT
 from model import GPT, GPTConfig, fold_to_gqa
+from nanovha.costs import flops_per_token, kv_bytes_per_token
 
 MODEL_KEYS = {f.name for f in fields(GPTConfig)}
 
@@ -38,7 +39,7 @@ def test_demo_and_ablations_state_their_kv_bytes(ablation):
     stated = re.findall(r"([\d,]+) B/token in bf16", open(paths[-1]).read())
     assert stated, f"{paths[-1]} must state its KV cache in bytes per token (bf16)"
     model = model_of(settings)
-    assert int(stated[0].replace(",", "")) == model.cfg.kv_bytes_per_token(torch.bfloat16)
+    assert int(stated[0].replace(",", "")) == kv_bytes_per_token(model.cfg, torch.bfloat16)
     name = os.path.basename(ablation or "vha_small.py")[:-3]
     # MLA: 8 up-projected; MFA: one wide head
     assert model.cfg.n_kv_head == {"gqa_4x_cache": 8, "mla": 8, "mfa": 1}.get(name, 2)
@@ -67,7 +68,7 @@ def test_fineweb_twins_differ_only_in_attention_and_state_their_budget():
     assert fold_to_gqa(models["vha"]).cfg.n_head == models["gqa_same_deploy"].cfg.n_head  # folds into its twin's shape
     for n, path in FINEWEB.items():
         text, s = open(path).read(), settings[n]
-        kv = models[n].cfg.kv_bytes_per_token(torch.bfloat16)
+        kv = kv_bytes_per_token(models[n].cfg, torch.bfloat16)
         assert int(re.findall(r"([\d,]+) B/token in bf16", text)[0].replace(",", "")) == kv
         assert f"python train.py config/fineweb/vha.py{'' if n == 'vha' else ' config/fineweb/' + n + '.py'}" in text
         tokens_per_iter = s["batch_size"] * s["block_size"] * s["gradient_accumulation_steps"]
@@ -75,7 +76,7 @@ def test_fineweb_twins_differ_only_in_attention_and_state_their_budget():
         assert f"= {tokens_per_iter:,} " in budget and f"{s['max_iters']:,} iterations x {tokens_per_iter:,}" in budget
         with torch.device("meta"):
             m = GPT(GPTConfig(**{k: v for k, v in s.items() if k in MODEL_KEYS}, vocab_size=50257))
-        assert f"{m.cfg.flops_per_token(1024, training=True) / 1e9:.3f} GFLOPs/token" in text
+        assert f"{flops_per_token(m.cfg, 1024, training=True) / 1e9:.3f} GFLOPs/token" in text
         assert (100e6 < m.num_params() < 135e6 and s["dataset"] == "fineweb_edu" and s["compile"]
                 and s["dtype"] == "bfloat16")
     smoke = load(FINEWEB["vha"], os.path.join(ROOT, "config", "fineweb", "smoke.py"))
@@ -93,7 +94,7 @@ def test_paper_shapes_cache_1kb_per_layer_except_gqa8():
         with torch.device("meta"):
             m = GPT(GPTConfig(**{k: v for k, v in load(PAPER_BASE, path).items() if k in MODEL_KEYS},
                               vocab_size=151936))
-        per_layer = m.cfg.kv_bytes_per_token(torch.bfloat16) // m.cfg.n_layer
+        per_layer = kv_bytes_per_token(m.cfg, torch.bfloat16) // m.cfg.n_layer
         assert per_layer == (4096 if path.endswith("gqa8.py") else 1024), (path, per_layer)
         assert (m.cfg.n_layer, m.cfg.n_embd, m.cfg.mlp_hidden) == (28, 2048, 6144)
     assert {"mla", "mfa"} <= {load(PAPER_BASE, p)["attn"] for p in PAPER}
@@ -151,8 +152,8 @@ def test_qwen3_warmup_recipe_and_its_baseline_state_their_budget():
             student = GPT(target_config(source, "vha" if n == "vha_warmup" else "gqa", 2, 0))
         assert ((student.cfg.n_attn_head, student.cfg.n_q_proj, student.cfg.n_kv_head)
                 == ((16, 8, 2) if n == "vha_warmup" else (16, 16, 2)))
-        flops = [student.cfg.flops_per_token(s["block_size"], training=True) / 1e9,
-                 teacher.cfg.flops_per_token(s["block_size"]) / 1e9]
+        flops = [flops_per_token(student.cfg, s["block_size"], training=True) / 1e9,
+                 flops_per_token(teacher.cfg, s["block_size"]) / 1e9]
         assert (f"{flops[0]:.3f} GFLOPs/token (student, training) + "
                 f"{flops[1]:.3f} GFLOPs/token (teacher, forward)") in text
         seconds = s["max_iters"] * per_iter * float(f"{sum(flops):.3f}e9") / (0.4 * 989e12)

@@ -12,6 +12,7 @@ import convert
 from conftest import run
 from data.common import load_tokenizer
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from nanovha.generate import generate
 from test_model import make
 
 CHARS = "abcdefghijklmnopqrstuvwxyz ABCDEJMORT:.\n"  # 40 characters: the tiny models' vocab
@@ -165,7 +166,7 @@ def test_cli_prints_per_layer_errors_and_writes_a_checkpoint_that_samples(exact,
                "--temperature=0").stdout.split("\n---------------")[0]
     encode, decode = load_tokenizer(META)
     with torch.no_grad():  # what sample.py prints is model.generate on the converted checkpoint
-        want = model.generate(torch.tensor([encode("ROMEO:")]), 6, temperature=0)
+        want = generate(model, torch.tensor([encode("ROMEO:")]), 6, temperature=0)
     assert text == decode(want[0].tolist())
 
 

@@ -14,6 +14,8 @@ import fold
 from conftest import TINY_MODEL, optional, run
 from data.common import gpt2_encoding, gpt2_meta, load_tokenizer
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
+from nanovha.costs import kv_bytes_per_token
+from nanovha.generate import generate
 from nanovha.health import vha_health
 from model import GPT, GPTConfig, fold_to_gqa
 from test_model import make
@@ -43,7 +45,7 @@ def test_fold_is_exact_for_every_rank(n_kv_head, qk_norm):
         gqa = fold_to_gqa(vha)
         assert (gqa.cfg.attn, gqa.cfg.n_head, gqa.cfg.n_kv_head) == ("gqa", 8, n_kv_head)
         assert not any("mix" in name for name in gqa.state_dict())
-        assert gqa.cfg.kv_bytes_per_token() == vha.cfg.kv_bytes_per_token()
+        assert kv_bytes_per_token(gqa.cfg) == kv_bytes_per_token(vha.cfg)
         # the fold keeps the padded vocab (37 -> 64)
         assert gqa.lm_head.weight.shape == vha.lm_head.weight.shape == (64, 64)
         assert logits_gap(vha, gqa) <= 1e-10, (n_kv_head, qk_norm, rank)
@@ -61,7 +63,7 @@ def test_premix_only_and_postmix_only_fold_exactly(kw, attending):
     assert (gqa.cfg.n_head, gqa.cfg.n_kv_head) == (attending, kw["n_kv_head"])  # postmix only: H_p heads attend
     assert logits_gap(vha, gqa) <= 1e-10
     prompt = torch.randint(0, 37, (1, 5))
-    assert torch.equal(vha.generate(prompt, 30, temperature=0), gqa.generate(prompt, 30, temperature=0))
+    assert torch.equal(generate(vha, prompt, 30, temperature=0), generate(gqa, prompt, 30, temperature=0))
 
 
 def test_a_wrong_fold_fails_the_same_check():

@@ -7,6 +7,7 @@ import torch
 
 from conftest import optional, run
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha.generate import generate
 from nanovha.qwen3 import model_from_hf
 
 transformers = optional("transformers")
@@ -66,7 +67,7 @@ def test_hf_import_gives_transformers_logits(tied, tmp_path):
     assert want.shape == got.shape and want.abs().max() > 1.0  # big enough for a wrong weight to show
     assert (want - got).abs().max() <= 2e-5
     prompt = x[:1, :6]
-    assert torch.equal(ours.generate(prompt, 12, temperature=0),
+    assert torch.equal(generate(ours, prompt, 12, temperature=0),
                        hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False))
 
 

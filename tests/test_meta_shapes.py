@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import model
 from model import GPT, GPTConfig
 from nanovha.config import config_file_values
+from nanovha.costs import kv_bytes_per_token
 
 CONTEXT_128K = 131072
 GPT2_VOCAB = 50257
@@ -71,7 +72,7 @@ def test_prefill_and_decode_with_a_128k_cache_on_meta(name):
     caches = [b.attn.kv_cache for b in net.blocks]
     cache_bytes = sum(t.numel() * t.element_size() for c in caches for t in (c.k, c.v))
     assert all(c.k.dtype == torch.bfloat16 and c.k.device.type == "meta" for c in caches)
-    assert cache_bytes == cfg.kv_bytes_per_token(torch.bfloat16) * CONTEXT_128K
+    assert cache_bytes == kv_bytes_per_token(cfg, torch.bfloat16) * CONTEXT_128K
     assert cache_bytes < 2e9  # 16Q/2KV at 128K: well inside any GPU next to 120M parameters
     prompt = torch.zeros(1, 32768, dtype=torch.long, device="meta")
     assert net.prefill(prompt).shape == (1, GPT2_VOCAB)

@@ -5,7 +5,10 @@ import math
 import pytest
 import torch
 
-from model import GPT, GPTConfig, fold_to_gqa, split_kv_attention
+from nanovha.kernels import split_kv_attention
+import nanovha.mla_mfa  # noqa: F401 (registers attn="mla" and "mfa")
+from model import GPT, GPTConfig, fold_to_gqa
+from nanovha.costs import flops_per_token, kv_bytes_per_token
 
 MLA = dict(attn="mla", n_kv_head=8, qk_norm=False, mla_kv_rank=24, mla_rope_dim=8)
 MFA = dict(attn="mfa", n_kv_head=1, head_dim=16, q_rank=32)
@@ -118,16 +121,16 @@ def test_cost_accounting_by_hand():
     mla = make(**MLA)
     # per layer: qkv_proj D x (H(d+d_R) + r + d_R), kv_up r x 2Hd, o_proj Hd x D, MLP 3 D M, norms 3 x D... listed
     mla_macs = D * (H * 16 + 24 + 8) + 24 * 2 * H * d + H * d * D + 3 * D * M
-    assert mla.cfg.flops_per_token(T) == L * (2 * mla_macs + H * (2 * d + 8) * T) + 2 * D * V
+    assert flops_per_token(mla.cfg, T) == L * (2 * mla_macs + H * (2 * d + 8) * T) + 2 * D * V
     assert mla.num_params() == V * D + L * (mla_macs + 2 * D + 24) + D  # + attn/mlp norms, the latent norm; final norm
-    assert mla.cfg.kv_bytes_per_token(torch.bfloat16) == L * (24 + 8) * 2 == 128
+    assert kv_bytes_per_token(mla.cfg, torch.bfloat16) == L * (24 + 8) * 2 == 128
     mfa = make(**MFA)
     mfa_macs = D * (32 + 2 * 16) + 32 * H * 16 + H * 16 * D + 3 * D * M
-    assert mfa.cfg.flops_per_token(T) == L * (2 * mfa_macs + 2 * H * 16 * T) + 2 * D * V
+    assert flops_per_token(mfa.cfg, T) == L * (2 * mfa_macs + 2 * H * 16 * T) + 2 * D * V
     assert mfa.num_params() == V * D + L * (mfa_macs + 2 * D + 32 + 2 * 16) + D  # + q_latent_norm, q_norm, k_norm
-    assert mfa.cfg.kv_bytes_per_token(torch.bfloat16) == L * 2 * 1 * 16 * 2 == 128
+    assert kv_bytes_per_token(mfa.cfg, torch.bfloat16) == L * 2 * 1 * 16 * 2 == 128
     gqa2 = make(attn="gqa", n_kv_head=2)
-    assert gqa2.cfg.kv_bytes_per_token(torch.bfloat16) == 128  # the same cache for the three
+    assert kv_bytes_per_token(gqa2.cfg, torch.bfloat16) == 128  # the same cache for the three
 
 
 @pytest.mark.parametrize("kw", [MLA, MFA], ids=["mla", "mfa"])

@@ -5,8 +5,11 @@ import torch
 import torch.nn.functional as F
 
 from nanovha.checkpoint import fuse_projections, split_projections
+from nanovha.costs import flops_per_token, kv_bytes_per_token
+from nanovha.generate import generate
+from nanovha.kernels import grouped_decode_attention, use_decode_layout
 from nanovha.health import vha_health
-from model import GPT, GPTConfig, grouped_decode_attention, plain_attention, rope_cos_sin
+from model import GPT, GPTConfig, plain_attention, rope_cos_sin
 
 VARIANTS = {
     "mha": dict(attn="gqa", n_head=8, n_kv_head=8),
@@ -194,14 +197,14 @@ def test_grouped_decode_matches_plain_attention_float64():
 def test_generate_greedy_is_argmax_of_full_forward():
     model = make(**VARIANTS["vha"])
     prompt = torch.randint(0, 37, (2, 5))
-    out = model.generate(prompt, max_new_tokens=10, temperature=0)
+    out = generate(model, prompt, max_new_tokens=10, temperature=0)
     seq = prompt
     with torch.no_grad():
         for _ in range(10):
             seq = torch.cat([seq, model(seq)[0][:, -1].argmax(-1, keepdim=True)], 1)
     assert torch.equal(out, seq)
     gen = torch.Generator().manual_seed(1)
-    sampled = model.generate(prompt, max_new_tokens=10, temperature=1.0, top_k=5, generator=gen)
+    sampled = generate(model, prompt, max_new_tokens=10, temperature=1.0, top_k=5, generator=gen)
     assert sampled.shape == (2, 15) and torch.equal(sampled[:, :5], prompt)
 
 
@@ -213,11 +216,11 @@ def test_cost_accounting_by_hand():
     gqa_macs = D * d * (8 + 4) + 8 * d * D + 3 * D * 96
     vha_macs = D * d * (4 + 4) + 8 * d * D + 3 * D * 96 + 8 * d * d + 2 * 8 * 2 * d
     lm_head = 2 * D * 128  # vocab 100 runs padded to 128 = 64 * ceil(100 / 64) rows
-    assert gqa.cfg.flops_per_token(T) == 3 * (2 * gqa_macs + attn_flops) + lm_head
-    assert vha.cfg.flops_per_token(T) == 3 * (2 * vha_macs + attn_flops) + lm_head
-    assert vha.cfg.flops_per_token(T, training=True) == 3 * vha.cfg.flops_per_token(T)
-    assert gqa.cfg.kv_bytes_per_token(torch.bfloat16) == 3 * 2 * 2 * 8 * 2
-    assert gqa.cfg.kv_bytes_per_token(torch.float32) == 2 * gqa.cfg.kv_bytes_per_token(torch.bfloat16)
+    assert flops_per_token(gqa.cfg, T) == 3 * (2 * gqa_macs + attn_flops) + lm_head
+    assert flops_per_token(vha.cfg, T) == 3 * (2 * vha_macs + attn_flops) + lm_head
+    assert flops_per_token(vha.cfg, T, training=True) == 3 * flops_per_token(vha.cfg, T)
+    assert kv_bytes_per_token(gqa.cfg, torch.bfloat16) == 3 * 2 * 2 * 8 * 2
+    assert kv_bytes_per_token(gqa.cfg, torch.float32) == 2 * kv_bytes_per_token(gqa.cfg, torch.bfloat16)
     n_embed = 128 * 64  # the padded rows are parameters too
     assert gqa.num_params() - gqa.num_params(non_embedding=True) == n_embed  # tied: counted once
     per_layer_extra = 2 * d * d + 2 * 8 * 2 - 4 * d * D  # premix + U, V - the 4 missing q heads
@@ -259,14 +262,14 @@ def test_fused_projections_equal_separate_ones_float64(name):
 def test_decode_layout_changes_memory_order_only():
     model = make(attn="gqa", n_head=8, n_kv_head=2)
     x = torch.randint(0, 37, (2, 9))
-    before, state = model.generate(x, 6, temperature=0), {k: v.clone() for k, v in model.state_dict().items()}
+    before, state = generate(model, x, 6, temperature=0), {k: v.clone() for k, v in model.state_dict().items()}
     logits = model(x)[0]
-    model.use_decode_layout()
+    use_decode_layout(model)
     w = model.blocks[0].attn.qkv_proj.weight
     assert w.shape == state["blocks.0.attn.qkv_proj.weight"].shape and w.t().is_contiguous() and not w.is_contiguous()
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     assert torch.allclose(model(x)[0], logits, rtol=0, atol=1e-12)
-    assert torch.equal(model.generate(x, 6, temperature=0), before)
+    assert torch.equal(generate(model, x, 6, temperature=0), before)
 
 
 # ---- the vocab is padded to a multiple of 64 inside the model; callers only ever see the tokenizer's ids ----
@@ -289,7 +292,7 @@ def test_padded_rows_exist_but_no_padded_id_is_ever_returned(vocab, padded, tied
     model.setup_cache(2, 8)
     assert model.prefill(x).shape == model.decode_one_token(x[:, :1], 6).shape == (2, vocab)
     for temperature, top_k in ((0, None), (1.0, None), (1.0, 3)):
-        out = model.generate(x, 8, temperature=temperature, top_k=top_k, generator=torch.Generator().manual_seed(0))
+        out = generate(model, x, 8, temperature=temperature, top_k=top_k, generator=torch.Generator().manual_seed(0))
         assert int(out.max()) < vocab
 
 

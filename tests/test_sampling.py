@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from model import sample_next
+from nanovha.generate import generate, sample_next
 from test_model import make
 
 
@@ -48,7 +48,7 @@ def test_a_seed_reproduces_its_text_and_another_seed_does_not():
 
     def text(seed):
         with torch.no_grad():
-            return model.generate(prompt, 30, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(seed))
+            return generate(model, prompt, 30, temperature=1.0, top_k=10, generator=torch.Generator().manual_seed(seed))
 
     assert torch.equal(text(7), text(7)) and not torch.equal(text(7), text(8))
 

@@ -7,7 +7,7 @@ import torch
 
 from conftest import TINY_MODEL, optional, run
 from nanovha.checkpoint import load_checkpoint
-from nanovha.distill import adamw_groups
+from nanovha.generate import generate
 from test_model import make
 
 
@@ -53,7 +53,7 @@ def test_the_learning_rate_is_warmup_then_cosine_to_min_lr(trained):
 
 def test_adamw_decays_matrices_and_postmix_not_norms_or_premix():
     model = make(attn="vha", n_head=8, n_kv_head=2)
-    decay, no_decay = adamw_groups(model, 0.1)
+    decay, no_decay = model.optimizer_groups(0.1)
     name = {id(p): n for n, p in model.named_parameters()}
     decayed, kept = {name[id(p)] for p in decay["params"]}, {name[id(p)] for p in no_decay["params"]}
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
@@ -145,7 +145,7 @@ def test_sample_is_model_generate_and_reads_a_prompt_file(trained, tmp_path):
     encode, decode = load_tokenizer(ckpt["meta"])
     with torch.no_grad():
         prompt = torch.tensor([encode("ROMEO:\nthe king")])
-        want = model_from_checkpoint(ckpt).eval().generate(prompt, 12, temperature=0)
+        want = generate(model_from_checkpoint(ckpt).eval(), prompt, 12, temperature=0)
     assert text == decode(want[0].tolist()) and len(text) == len("ROMEO:\nthe king") + 12
 
 
@@ -164,7 +164,7 @@ def test_sample_bpe(tmp_path, monkeypatch):
     ckpt = load_checkpoint(os.path.join(out, "ckpt.pt"))
     encode, decode = load_tokenizer(ckpt["meta"])  # GPT-2 BPE: 8 new tokens, whatever their characters
     with torch.no_grad():
-        want = model_from_checkpoint(ckpt).eval().generate(torch.tensor([encode("ROMEO: what light")]), 8,
+        want = generate(model_from_checkpoint(ckpt).eval(), torch.tensor([encode("ROMEO: what light")]), 8,
                                                             temperature=0)
     assert proc.stdout.split("\n---------------")[0] == decode(want[0].tolist())
 
