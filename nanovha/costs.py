@@ -1,12 +1,14 @@
 """
-What a model costs, from its config alone: FLOPs per token (MFU in train.py, the paper-scale rows of bench.py)
-and the bytes its KV cache holds per token (bench_decode.py, the memory figures in the docs).
+What a model costs, from its config alone: FLOPs per token (MFU in train.py, the paper-scale rows
+of bench.py) and the bytes its KV cache holds per token (bench_decode.py, the memory figures in
+the docs).
 """
 import torch
 
 
 def kv_values_per_token(cfg):
-    """Numbers cached per token: per layer a key and a value per KV head, or MLA's latent and RoPE key."""
+    """Numbers cached per token: per layer a key and a value per KV head, or MLA's latent and
+    RoPE key."""
     if cfg.attn == "mla":
         return cfg.n_layer * (cfg.mla_kv_rank + cfg.mla_rope_dim)
     return cfg.n_layer * 2 * cfg.n_kv_head * cfg.head_dim
@@ -20,9 +22,10 @@ def kv_bytes_per_token(cfg, dtype=torch.bfloat16):
 def flops_per_token(cfg, T, training=False):
     """Convention: forward = 2 x MACs of every matmul (lm_head, premix, postmix included)
     + causal attention 2 * H_v * head_dim * T per layer (QK^T and AV over T/2 keys on
-    average; MLA: QK^T over d + d_R, AV over d); training = 3 x forward. MLA counts its training form
-    (keys and values up-projected, the naive path); its absorbed decode does other work per token.
-    The LM head counts padded_vocab rows, what the matmul runs (num_params counts the padded rows too)."""
+    average; MLA: QK^T over d + d_R, AV over d); training = 3 x forward. MLA counts its training
+    form (keys and values up-projected, the naive path); its absorbed decode does other work per
+    token. The LM head counts padded_vocab rows, what the matmul runs (num_params counts the
+    padded rows too)."""
     D, d, H = cfg.n_embd, cfg.head_dim, cfg.n_attn_head
     mla = cfg.attn == "mla"
     q_width = H * (d + cfg.mla_rope_dim) if mla else cfg.n_q_proj * d  # query numbers per token

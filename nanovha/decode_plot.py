@@ -2,8 +2,9 @@
 
 
 def plot_decode(rows, ctxs, path, runtimes, title):
-    """Two panels against context: decode tokens/s of every (variant, runtime) row, and the KV cache allocated (the
-    first runtime's rows). runtimes: the benchmark's, the first the one its targets judge."""
+    """Two panels against context: decode tokens/s of every (variant, runtime) row, and the KV
+    cache allocated (the first runtime's rows). runtimes: the benchmark's, the first the one its
+    targets judge."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

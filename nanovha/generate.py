@@ -1,6 +1,6 @@
 """
-Generation: the loop around a model's prefill and one-token decode (gpt-fast's generate.py, nanochat's engine),
-and how the next token is drawn from the logits. Torch only.
+Generation: the loop around a model's prefill and one-token decode (gpt-fast's generate.py,
+nanochat's engine), and how the next token is drawn from the logits. Torch only.
 
     out = generate(model, idx, max_new_tokens, temperature=0)   # greedy
     out = generate(model, idx, 100, temperature=0.8, top_k=200, decode=compiled_step)
@@ -21,9 +21,9 @@ def sample_next(logits, temperature=1.0, top_k=None, generator=None):
 
 @torch.no_grad()
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, decode=None):
-    """Continues idx (B, T) -> (B, T + max_new_tokens); temperature=0 is greedy. Builds a cache of the
-    needed size. decode: a stand-in for model.decode_one_token (a compiled one: nanovha/compiled_decode.py),
-    given the position as a (1,) tensor."""
+    """Continues idx (B, T) -> (B, T + max_new_tokens); temperature=0 is greedy. Builds a cache
+    of the needed size. decode: a stand-in for model.decode_one_token (a compiled one:
+    nanovha/compiled_decode.py), given the position as a (1,) tensor."""
     B, T = idx.shape
     model.setup_cache(B, T + max_new_tokens)
     out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)  # (B, T + max_new_tokens)

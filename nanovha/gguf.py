@@ -1,10 +1,12 @@
 """
-A plain GQA model (a folded VHA one is exactly that) as one GGUF file, architecture qwen3, for llama.cpp:
+A plain GQA model (a folded VHA one is exactly that) as one GGUF file, architecture qwen3, for
+llama.cpp:
 
     write_gguf(model, path, meta, dtype)   # the weights in Qwen3's layout (qwen3.qwen3_state) and the tokenizer
 
-The tokenizer travels inside the file, built offline from the dataset's meta: GPT-2 BPE as llama.cpp's 'gpt2'
-tokenizer, a char vocabulary as its 'rwkv' trie, stand-in tokens for a model without text.
+The tokenizer travels inside the file, built offline from the dataset's meta: GPT-2 BPE as
+llama.cpp's 'gpt2' tokenizer, a char vocabulary as its 'rwkv' trie, stand-in tokens for a model
+without text.
 """
 import os
 
@@ -28,7 +30,8 @@ def gguf_name(name):
 
 
 def bytes_to_unicode():
-    """GPT-2's byte -> printable character map: byte-level BPE vocabularies spell every token with these."""
+    """GPT-2's byte -> printable character map: byte-level BPE vocabularies spell every token
+    with these."""
     keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
             + list(range(ord("®"), ord("ÿ") + 1)))
     extra = [b for b in range(256) if b not in keep]
@@ -36,8 +39,9 @@ def bytes_to_unicode():
 
 
 def gpt2_vocab():
-    """GPT-2 BPE as llama.cpp's 'gpt2' tokenizer: tokens spelled in byte-level characters ('Ġthe'), the merges
-    recovered from tiktoken's ranks (every split of a token into two tokens, lower ranks first: the same rule
+    """GPT-2 BPE as llama.cpp's 'gpt2' tokenizer: tokens spelled in byte-level characters
+    ('Ġthe'), the merges recovered from tiktoken's ranks (every split of a token into two tokens,
+    lower ranks first: the same rule
     transformers' TikTokenConverter uses), and <|endoftext|> as the one control token."""
     enc, byte_char = gpt2_encoding(), bytes_to_unicode()
     ranks = enc._mergeable_ranks  # bytes -> id, ids 0..50255
@@ -54,8 +58,9 @@ def gpt2_vocab():
 
 
 def rwkv_spelling(ch):
-    """A character as llama.cpp's RWKV tokenizer reads a token: its text goes through an unescaper that knows
-    backslash-t, -n, -r, -xNN (lowercase hex) and a backslash before any other character (itself)."""
+    """A character as llama.cpp's RWKV tokenizer reads a token: its text goes through an
+    unescaper that knows backslash-t, -n, -r, -xNN (lowercase hex) and a backslash before any
+    other character (itself)."""
     named = {"\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
     return named.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch)
 
@@ -68,11 +73,12 @@ def utf8(text):
 
 
 def char_vocab(meta):
-    """A char vocabulary as llama.cpp's 'rwkv' tokenizer: a trie of the tokens' bytes, longest match first, so a
-    vocabulary of single characters tokenizes character by character, and it has no default BOS/EOS. (As a
-    'gpt2' BPE with no merges it would tokenize the same, but llama.cpp then makes id 11 BOS and EOS when the
-    file names none, a real character here, and generation would stop at it.) Raises ValueError for a token
-    that is not exactly one character or not valid UTF-8."""
+    """A char vocabulary as llama.cpp's 'rwkv' tokenizer: a trie of the tokens' bytes, longest
+    match first, so a vocabulary of single characters tokenizes character by character, and it
+    has no default BOS/EOS. (As a 'gpt2' BPE with no merges it would tokenize the same, but
+    llama.cpp then makes id 11 BOS and EOS when the file names none, a real character here, and
+    generation would stop at it.) Raises ValueError for a token that is not exactly one character
+    or not valid UTF-8."""
     itos = {int(i): ch for i, ch in meta["itos"].items()}
     if sorted(itos) != list(range(len(itos))):
         raise ValueError("--export_gguf: the char vocab's ids are not 0..n-1; re-prepare the dataset")
@@ -86,8 +92,9 @@ def char_vocab(meta):
 
 
 def id_vocab(vocab_size):
-    """Stand-in tokens '[0]' .. '[n-1]' (rwkv trie) for a model without a text tokenizer: llama.cpp needs a vocab
-    of the model's size to load it ('no_vocab' has none); feed it token ids."""
+    """Stand-in tokens '[0]' .. '[n-1]' (rwkv trie) for a model without a text tokenizer:
+    llama.cpp needs a vocab of the model's size to load it ('no_vocab' has none); feed it token
+    ids."""
     return dict(model="rwkv", pre=None, tokens=[f"[{i}]" for i in range(vocab_size)], types=[1] * vocab_size,
                 merges=None, bos=None, eos=None)
 
@@ -139,9 +146,10 @@ def add_tokenizer(writer, vocab):
 
 
 def write_gguf(model, path, meta, dtype="float32"):
-    """One GGUF file, architecture qwen3, that llama.cpp loads as it loads Qwen3: the weights in dtype (norm
-    weights stay float32, as llama.cpp's converter keeps 1-D tensors) and the dataset's tokenizer. Written to a
-    temp file, then renamed. Returns a note (why the tokens are stand-ins), or None."""
+    """One GGUF file, architecture qwen3, that llama.cpp loads as it loads Qwen3: the weights in
+    dtype (norm weights stay float32, as llama.cpp's converter keeps 1-D tensors) and the
+    dataset's tokenizer. Written to a temp file, then renamed. Returns a note (why the tokens are
+    stand-ins), or None."""
     import gguf
     c = model.cfg
     if problem := qwen3_problem(c, "--export_gguf"):

@@ -1,8 +1,9 @@
 """
-The GPU check's plan (scripts/gpu_check.py): its sections in the order of their value, each with a time limit and
-the torch.compile graphs it is planned to build, the budget those limits must fit, the preflight's one-line checks,
-the compile-counter line every compiling section prints, and the report lines made from the benchmarks' JSON.
-No torch at import: the check's parent process reads the plan.
+The GPU check's plan (scripts/gpu_check.py): its sections in the order of their value, each with
+a time limit and the torch.compile graphs it is planned to build, the budget those limits must
+fit, the preflight's one-line checks, the compile-counter line every compiling section prints,
+and the report lines made from the benchmarks' JSON. No torch at import: the check's parent
+process reads the plan.
 """
 import importlib
 import os
@@ -10,8 +11,9 @@ import shutil
 import sys
 import sysconfig
 
-# A lent machine: 15 minutes of device time in all, its start (1-2 minutes) included; the check must fit twice
-# (a rerun after a fix) with the start and each call's own overhead (process start, copying $OUT back).
+# A lent machine: 15 minutes of device time in all, its start (1-2 minutes) included; the check must
+# fit twice (a rerun after a fix) with the start and each call's own overhead (process start,
+# copying $OUT back).
 DEVICE_S = 900
 START_S = 120
 CALL_OVERHEAD_S = 30
@@ -19,15 +21,16 @@ TOTAL_S = 360  # 120 + 2 x (360 + 30) = 900: gpu_check.py's default --total_s
 DRY_RUN_SCALE = 3  # the dry run's limits and total: a busy 2-core CPU compiles correctness's toy step cold in ~50 s
 
 def decode_graphs(n_variants, n_contexts):
-    """Graphs bench_decode.py --compile=graphs compiles: each variant at each context and at context 1 (the
-    breakdown's floor), and the op-floor model once. Counted on the CPU for one context: 1 variant 3, 2 variants 5
-    (tests/test_gpu_check.py, slow)."""
+    """Graphs bench_decode.py --compile=graphs compiles: each variant at each context and at
+    context 1 (the breakdown's floor), and the op-floor model once. Counted on the CPU for one
+    context: 1 variant 3, 2 variants 5 (tests/test_gpu_check.py, slow)."""
     return n_variants * (n_contexts + 1) + 1
 
 
-# name: (time limit s, graphs planned on CUDA, how the plan was counted on a CPU). Most valuable first: a section
-# cut by the total still leaves every earlier one reported. Counted with compile on, at toy size (counts do not
-# depend on size): hardware.compile_counters() after the section's own calls.
+# name: (time limit s, graphs planned on CUDA, how the plan was counted on a CPU). Most valuable
+# first: a section cut by the total still leaves every earlier one reported. Counted with compile
+# on, at toy size (counts do not depend on size): hardware.compile_counters() after the section's
+# own calls.
 PLAN = dict(
     preflight=(15, 0, "no compile: versions, the device, cc and Python.h, triton, numpy"),
     correctness=(40, 1, "the one-token step, compiled once and replayed (the dry run compiles it too: 1 graph)"),
@@ -42,8 +45,8 @@ SECTIONS = tuple(PLAN)
 
 
 def section_limits(text):
-    """"smoke:200,train:150" (a rerun's --section_s) -> {section: limit s}, the plan's for the rest; ValueError (one
-    line) on a bad entry."""
+    """"smoke:200,train:150" (a rerun's --section_s) -> {section: limit s}, the plan's for the
+    rest; ValueError (one line) on a bad entry."""
     limits = {name: limit for name, (limit, _, _) in PLAN.items()}
     for entry in filter(None, text.split(",")):
         name, _, seconds = entry.partition(":")
@@ -55,7 +58,8 @@ def section_limits(text):
 
 
 def budget_problem(total_s, limits=None):
-    """Why these section limits ({name: s}; the plan's) or this total cannot work, as one line, or None."""
+    """Why these section limits ({name: s}; the plan's) or this total cannot work, as one line,
+    or None."""
     limits = limits or {name: limit for name, (limit, _, _) in PLAN.items()}
     if sum(limits.values()) > total_s:
         return (f"the limits of sections {','.join(limits)} add up to {sum(limits.values())} s, more than "
@@ -68,8 +72,9 @@ def budget_problem(total_s, limits=None):
 
 # ---- the compile counters: every compiling section prints one line, the parent compares it with the plan ----
 def counters_line(counters, planned, cuda_graphs):
-    """hardware.compile_counters()'s dict -> (the line, FAIL reasons). A graph break is a FAIL (fullgraph=True should
-    make it an error); so is a CUDA-graph skip where the section's figures claim CUDA graphs (cuda_graphs)."""
+    """hardware.compile_counters()'s dict -> (the line, FAIL reasons). A graph break is a FAIL
+    (fullgraph=True should make it an error); so is a CUDA-graph skip where the section's figures
+    claim CUDA graphs (cuda_graphs)."""
     if counters is None:
         return "compile counters: none (compile off in this run)", []
     graphs, breaks, skips = (counters[k] for k in ("compiled_graphs", "graph_breaks", "cudagraph_skips"))
@@ -81,8 +86,8 @@ def counters_line(counters, planned, cuda_graphs):
 
 
 def over_plan(name, counters, planned=None):
-    """' (compiled G graphs, planned P)' for the report's status when a section compiled more than planned (the
-    plan's, unless the settings planned otherwise), else ''."""
+    """' (compiled G graphs, planned P)' for the report's status when a section compiled more
+    than planned (the plan's, unless the settings planned otherwise), else ''."""
     planned = PLAN[name][1] if planned is None else planned
     graphs = (counters or {}).get("compiled_graphs", 0)
     return f" (compiled {graphs} graphs, planned {planned})" if graphs > planned else ""
@@ -90,9 +95,9 @@ def over_plan(name, counters, planned=None):
 
 # ---- the preflight: one line each, a second or two, before any compile ----
 def toolchain_lines(cuda=True):
-    """(name, ok, detail) for what the compiled sections need besides torch: a C compiler and Python.h (Triton builds
-    its launcher with them; on a CPU inductor compiles C++), triton (CUDA only), numpy (train.py's data,
-    bench_decode.py)."""
+    """(name, ok, detail) for what the compiled sections need besides torch: a C compiler and
+    Python.h (Triton builds its launcher with them; on a CPU inductor compiles C++), triton (CUDA
+    only), numpy (train.py's data, bench_decode.py)."""
     cc = os.environ.get("CC") or next((p for p in map(shutil.which, ("cc", "gcc", "clang")) if p), None)
     header = os.path.join(sysconfig.get_paths()["include"], "Python.h")
     rows = [("cc", bool(cc), cc or "no C compiler (cc, gcc, clang) on PATH, none in $CC"),
@@ -111,7 +116,8 @@ def toolchain_lines(cuda=True):
 
 # ---- the report lines of the benchmarks' results (made-up inputs in tests/test_gpu_check.py) ----
 def train_lines(result, matmul_tflop_s):
-    """bench.py's JSON -> one line per model: tokens/s, MFU of the spec and of the matmul measured in this run."""
+    """bench.py's JSON -> one line per model: tokens/s, MFU of the spec and of the matmul
+    measured in this run."""
     out = []
     for r in result["results"]:
         spec = f"MFU {r['mfu']:.1%} of the spec" if r.get("mfu") else "MFU n/a (no spec for this device)"
@@ -126,9 +132,10 @@ def train_lines(result, matmul_tflop_s):
 
 
 def decode_lines(result, copy_gb_s):
-    """bench_decode.py's JSON -> the report lines: the compiled rows with GB/s as a fraction of the copy bandwidth
-    measured in this run, the eager rows labelled launch-bound, and at the largest context the breakdown (the
-    context-1 floor, the KV part) and the attention alone. (The compile counters: counters_line.)"""
+    """bench_decode.py's JSON -> the report lines: the compiled rows with GB/s as a fraction of
+    the copy bandwidth measured in this run, the eager rows labelled launch-bound, and at the
+    largest context the breakdown (the context-1 floor, the KV part) and the attention alone.
+    (The compile counters: counters_line.)"""
     out = []
     for r in result["results"]:
         ctx = f"{r['ctx'] // 1024}K" if r["ctx"] % 1024 == 0 else str(r["ctx"])

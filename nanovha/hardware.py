@@ -1,13 +1,14 @@
 """
-What this machine can do, in one place: the precision a run should use, a GPU's spec-sheet peaks, and how
-the benchmarks time it (medians of interleaved calls).
+What this machine can do, in one place: the precision a run should use, a GPU's spec-sheet peaks,
+and how the benchmarks time it (medians of interleaved calls).
 
     dtype, why = choose_dtype("cuda", "auto")          # ("bfloat16", "bfloat16 autocast: this GPU has bf16")
     peak_flops, hbm = gpu_spec("NVIDIA H100 80GB HBM3")   # (989e12, 3.35e12); (None, None) if unknown
 
-CUDA keeps a rule: bf16 autocast where the GPU has it, float16 with a GradScaler where it does not. On a CPU
-whether bf16 pays depends on the CPU, the model's width and the runtime, not on the instruction set alone, so "auto"
-is timed there on the run's own work (nanovha/plan.py, which uses cpu_bf16_support and cpu_kind from here).
+CUDA keeps a rule: bf16 autocast where the GPU has it, float16 with a GradScaler where it does
+not. On a CPU whether bf16 pays depends on the CPU, the model's width and the runtime, not on the
+instruction set alone, so "auto" is timed there on the run's own work (nanovha/plan.py, which
+uses cpu_bf16_support and cpu_kind from here).
 """
 import copy
 import platform
@@ -19,18 +20,19 @@ import torch
 
 
 def cpu_bf16_support():
-    """(native, isa): whether this CPU runs bf16 natively, and the instruction set torch dispatches to.
-    Native needs the instructions (AVX-512 BF16 or AMX tiles) and torch's AVX-512 kernels in use
-    (ATEN_CPU_CAPABILITY=avx2 forces the AVX2 ones, e.g. to mimic an older CPU)."""
+    """(native, isa): whether this CPU runs bf16 natively, and the instruction set torch
+    dispatches to. Native needs the instructions (AVX-512 BF16 or AMX tiles) and torch's AVX-512
+    kernels in use (ATEN_CPU_CAPABILITY=avx2 forces the AVX2 ones, e.g. to mimic an older CPU)."""
     isa = torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", "DEFAULT", or an ARM name
     has_bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     return has_bf16 and isa.startswith("AVX512"), isa
 
 
 def cpu_kind():
-    """The CPU as lscpu names it, with its family and model (a bare 'AMD EPYC' is family 25 on Zen 3, 26 on Zen 5) and
-    what torch runs on it: 'AMD EPYC (family 25, model 1; AVX2)', 'Intel(R) Xeon(R) Platinum 8481C (family 6, model
-    143; AVX512, AVX512_BF16, AMX)'. Printed beside every CPU figure."""
+    """The CPU as lscpu names it, with its family and model (a bare 'AMD EPYC' is family 25 on
+    Zen 3, 26 on Zen 5) and what torch runs on it: 'AMD EPYC (family 25, model 1; AVX2)',
+    'Intel(R) Xeon(R) Platinum 8481C (family 6, model 143; AVX512, AVX512_BF16, AMX)'. Printed
+    beside every CPU figure."""
     info = {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -49,9 +51,9 @@ def cpu_kind():
 
 def choose_dtype(device_type, dtype):
     """-> (dtype, one line saying why), by rule where nothing is timed. On CUDA "auto" is bf16 autocast where
-    supported, else float16 (+ GradScaler); float32 elsewhere (a CPU's "auto" is timed: nanovha/plan.py). An
-    explicit bf16 on a CPU without it is kept, and the line is a warning (starts with "warning:") that it is
-    emulated."""
+    supported, else float16 (+ GradScaler); float32 elsewhere (a CPU's "auto" is timed:
+    nanovha/plan.py). An explicit bf16 on a CPU without it is kept, and the line is a warning
+    (starts with "warning:") that it is emulated."""
     if device_type == "cuda":
         bf16 = torch.cuda.is_bf16_supported()
         if dtype == "auto":
@@ -72,8 +74,8 @@ def choose_dtype(device_type, dtype):
 
 def training_step(model, x, y):
     """-> step(dtype): one forward + backward of a copy of `model` on (x, y) in that dtype (bf16/fp16: autocast),
-    for choose_dtype. The run's model, its gradients and every random stream are left as they were; the copy is
-    made at the first step, so a run that times nothing copies nothing."""
+    for choose_dtype. The run's model, its gradients and every random stream are left as they
+    were; the copy is made at the first step, so a run that times nothing copies nothing."""
     probe = []
 
     def step(dtype):
@@ -85,8 +87,9 @@ def training_step(model, x, y):
 
 
 def choose_decode_dtype(device_type, dtype):
-    """The weights' and KV cache's dtype for generation off the CPU -> (dtype, one line saying why). "auto": bf16
-    where the GPU has it (else float32); float32 elsewhere. A CPU times its choice (nanovha/plan.py)."""
+    """The weights' and KV cache's dtype for generation off the CPU -> (dtype, one line saying
+    why). "auto": bf16 where the GPU has it (else float32); float32 elsewhere. A CPU times its
+    choice (nanovha/plan.py)."""
     if dtype != "auto":
         return dtype, f"{dtype}: asked for"
     if device_type == "cuda":
@@ -96,25 +99,25 @@ def choose_decode_dtype(device_type, dtype):
 
 
 def choose_compile(device_type, compile):
-    """torch.compile for training -> (on, one line saying why). None: on for CUDA (fused kernels, minutes of
-    compile against hours of training), off elsewhere (a CPU pays its compile up front, more than a short run gains;
-    docs/training.md)."""
+    """torch.compile for training -> (on, one line saying why). None: on for CUDA (fused kernels,
+    minutes of compile against hours of training), off elsewhere (a CPU pays its compile up
+    front, more than a short run gains; docs/training.md)."""
     if compile is not None:
         return compile, f"compile {compile}: asked for"
     return device_type == "cuda", f"compile {device_type == 'cuda'}: the default on {device_type}"
 
 
 def autocast_for(device_type, dtype):
-    """The autocast context of a run in `dtype`: bf16/fp16 autocast, none for float32/float64 (weights in that
-    dtype)."""
+    """The autocast context of a run in `dtype`: bf16/fp16 autocast, none for float32/float64
+    (weights in that dtype)."""
     return torch.autocast(device_type, dtype=getattr(torch, dtype), enabled=dtype in ("bfloat16", "float16"))
 
 
-# Spec-sheet peaks of each GPU under its exact torch.cuda.get_device_name(): dense bf16 (fp16 where the GPU has
-# no bf16) tensor FLOP/s without sparsity, and HBM/GDDR bytes/s. A name not listed is matched only when its last
-# word is an unambiguous model number (a vGPU profile like "-48Q" dropped first): "NVIDIA L40-48Q" is an L40,
-# never an L4; "RTX 4090 D" or "4090 Laptop GPU" (other chips) and bare "H100" or "A100" (variants differ) stay
-# unknown: (None, None), so no MFU is made up.
+# Spec-sheet peaks of each GPU under its exact torch.cuda.get_device_name(): dense bf16 (fp16 where
+# the GPU has no bf16) tensor FLOP/s without sparsity, and HBM/GDDR bytes/s. A name not listed is
+# matched only when its last word is an unambiguous model number (a vGPU profile like "-48Q" dropped
+# first): "NVIDIA L40-48Q" is an L40, never an L4; "RTX 4090 D" or "4090 Laptop GPU" (other chips)
+# and bare "H100" or "A100" (variants differ) stay unknown: (None, None), so no MFU is made up.
 GPU_SPECS = {
     "NVIDIA H200": (989e12, 4.8e12), "NVIDIA H200 NVL": (835e12, 4.8e12),
     "NVIDIA GH200 480GB": (989e12, 4.0e12),
@@ -132,7 +135,8 @@ FAMILY = {"H200": "NVIDIA H200", "L40S": "NVIDIA L40S", "L40": "NVIDIA L40", "L4
 
 
 def gpu_spec(name):
-    """(peak FLOP/s, bytes/s) of the GPU named `name` (torch.cuda.get_device_name()), or (None, None)."""
+    """(peak FLOP/s, bytes/s) of the GPU named `name` (torch.cuda.get_device_name()), or (None,
+    None)."""
     if name in GPU_SPECS:
         return GPU_SPECS[name]
     words = re.sub(r"-\d+[A-Z]$", "", name).split()  # "NVIDIA L40-48Q" -> ["NVIDIA", "L40"]
@@ -141,9 +145,9 @@ def gpu_spec(name):
 
 # ---- timing, for the benchmarks: medians of interleaved calls, the device synchronised around each ----
 def compile_counters():
-    """What torch.compile did so far in this process: graphs compiled (training and eval: 2; more at every eval means
-    recompiles), graph breaks, and the compiled graphs CUDA graphs skipped (reduce-overhead falls back to plain
-    kernel launches for those)."""
+    """What torch.compile did so far in this process: graphs compiled (training and eval: 2; more
+    at every eval means recompiles), graph breaks, and the compiled graphs CUDA graphs skipped
+    (reduce-overhead falls back to plain kernel launches for those)."""
     from torch._dynamo.utils import counters
     return {"compiled_graphs": counters["stats"]["unique_graphs"],
             "graph_breaks": sum(counters["graph_break"].values()),
@@ -168,8 +172,8 @@ def timed(fn, device_type="cpu", clock=time.perf_counter):
 
 
 def interleaved(fns, n_timed, warmup, device_type="cpu", clock=time.perf_counter):
-    """warmup + n_timed rounds, each calling every fn once in turn, so machine noise hits them alike;
-    the median seconds per fn, warm-up excluded."""
+    """warmup + n_timed rounds, each calling every fn once in turn, so machine noise hits them
+    alike; the median seconds per fn, warm-up excluded."""
     times = {name: [] for name in fns}
     for _ in range(warmup + n_timed):
         for name, fn in fns.items():
@@ -178,8 +182,8 @@ def interleaved(fns, n_timed, warmup, device_type="cpu", clock=time.perf_counter
 
 
 def copy_bandwidth(device, mib=1024):
-    """Bytes/s of a large tensor copy, read + write counted (device to device on a GPU): the peak a decode step that
-    streams its weights and KV cache can reach."""
+    """Bytes/s of a large tensor copy, read + write counted (device to device on a GPU): the peak
+    a decode step that streams its weights and KV cache can reach."""
     src = torch.full((mib * 2**20 // 4,), 1.0, device=device)
     dst = torch.empty_like(src)
     device_type = src.device.type
@@ -194,8 +198,8 @@ def matmul_peak(device, dtype, n=1024):
 
 
 def available_memory(device):
-    """Bytes this process can still allocate on device: the GPU's free memory, or MemAvailable (Linux) on a CPU;
-    None where it is not known."""
+    """Bytes this process can still allocate on device: the GPU's free memory, or MemAvailable
+    (Linux) on a CPU; None where it is not known."""
     if str(device).startswith("cuda"):
         return torch.cuda.mem_get_info(torch.device(device))[0]
     try:
@@ -207,7 +211,8 @@ def available_memory(device):
 
 
 def memory_problem(need_bytes, device, what, fix):
-    """Why need_bytes (for `what`) would not fit in what device has available (90% of it), or None."""
+    """Why need_bytes (for `what`) would not fit in what device has available (90% of it), or
+    None."""
     have = available_memory(device)
     if have is None or need_bytes <= 0.9 * have:
         return None
@@ -219,16 +224,18 @@ SDPA_OPS = (("attention_math", "math"), ("flash_attention", "flash"), ("efficien
 
 
 def sdpa_backend(name):
-    """A profiler op name -> the SDPA backend it belongs to, or None. Flash: aten::_scaled_dot_product_flash_attention
-    (_for_cpu on CPU), aten::_flash_attention_forward; the math path is one composite op,
-    aten::_scaled_dot_product_attention_math (_for_mps on Apple), its matmuls and softmax then show as plain ops."""
+    """A profiler op name -> the SDPA backend it belongs to, or None. Flash:
+    aten::_scaled_dot_product_flash_attention (_for_cpu on CPU), aten::_flash_attention_forward;
+    the math path is one composite op, aten::_scaled_dot_product_attention_math (_for_mps on
+    Apple), its matmuls and softmax then show as plain ops."""
     if not name.startswith("aten::_"):
         return None  # aten::scaled_dot_product_attention itself is only the dispatcher
     return next((backend for tag, backend in SDPA_OPS if tag in name), None)
 
 
 def sdpa_backends(fn):
-    """Runs fn under the profiler -> (sorted SDPA backends it used, sorted op names they came from)."""
+    """Runs fn under the profiler -> (sorted SDPA backends it used, sorted op names they came
+    from)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
     ops = sorted({e.name for e in prof.events() if sdpa_backend(e.name)})
@@ -236,7 +243,8 @@ def sdpa_backends(fn):
 
 
 def print_table(rows, columns):
-    """columns: (header, key, format); right-aligned, one line per row, '-' where a row has no value."""
+    """columns: (header, key, format); right-aligned, one line per row, '-' where a row has no
+    value."""
     cells = [[h for h, _, _ in columns]] + [[fmt.format(r[k]) if r.get(k) is not None else "-" for _, k, fmt in columns]
                                             for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]

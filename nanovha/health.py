@@ -1,6 +1,7 @@
 """
-VHA health signals: is premix or postmix learning anything? Cheap (no grad, float64), logged by train.py at every
-eval and shown per layer by fold.py's analysis. For one layer with premix P (H_kv, d, d) and postmix M = I + V U^T:
+VHA health signals: is premix or postmix learning anything? Cheap (no grad, float64), logged by
+train.py at every eval and shown per layer by fold.py's analysis. For one layer with premix P
+(H_kv, d, d) and postmix M = I + V U^T:
 
     premix_dev            ||P_g - I||_F per group g (0 at the identity)
     premix_group_div      mean_{g != g'} ||P_g - P_g'||^2 / mean_g ||P_g - I||^2
@@ -14,8 +15,9 @@ import torch
 
 @torch.no_grad()
 def layer_health(attn):
-    """One Attention layer's signals: premix_dev per group (H_kv,), premix_group_div, postmix_M (H, H),
-    postmix_sigma_max, postmix_offdiag_share; as float64 tensors, only those of the pieces the layer has."""
+    """One Attention layer's signals: premix_dev per group (H_kv,), premix_group_div, postmix_M
+    (H, H), postmix_sigma_max, postmix_offdiag_share; as float64 tensors, only those of the
+    pieces the layer has."""
     c, out = attn.cfg, {}
     if c.has_premix:
         eye = torch.eye(c.head_dim, dtype=torch.float64, device=attn.premix.device)
@@ -36,8 +38,8 @@ def layer_health(attn):
 
 @torch.no_grad()
 def vha_health(model, idx=None):
-    """The layer means of the signals above as floats ({} for a model without premix or postmix); with a batch
-    idx (B, T), also postmix_rel_delta from one eval-mode forward that records it."""
+    """The layer means of the signals above as floats ({} for a model without premix or postmix);
+    with a batch idx (B, T), also postmix_rel_delta from one eval-mode forward that records it."""
     attns = [b.attn for b in model.blocks]
     if model.cfg.attn != "vha":
         return {}
@@ -58,7 +60,8 @@ def vha_health(model, idx=None):
 
 
 def recording(apply_postmix, ratios):
-    """apply_postmix that also appends ||a' - a|| / ||a|| (mean over the batch's tokens) to ratios."""
+    """apply_postmix that also appends ||a' - a|| / ||a|| (mean over the batch's tokens) to ratios.
+    """
     def recorded(a):  # a: (B, H, T, d)
         mixed = apply_postmix(a)
         ratio = (mixed - a).float().norm(dim=(1, 3)) / a.float().norm(dim=(1, 3)).clamp_min(1e-12)  # (B, T)

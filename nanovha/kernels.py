@@ -1,6 +1,7 @@
 """
-The fast paths model.py calls, beside the attention it teaches: the same math along another road (tests/test_model.py
-and tests/test_mla_mfa.py check each against plain_attention, in float64). Torch only: model.py imports it.
+The fast paths model.py calls, beside the attention it teaches: the same math along another road
+(tests/test_model.py and tests/test_mla_mfa.py check each against plain_attention, in float64).
+Torch only: model.py imports it.
 
     sdpa                       training and prefill: PyTorch's fused attention over grouped heads
     decode_attention           one decoded token: which of the two below runs
@@ -15,19 +16,21 @@ import torch.nn.functional as F
 
 
 def kv_expand_needed(device_type, dtype, H_q, H_kv):
-    """True only for grouped heads in float32 on CUDA, where no fused SDPA kernel takes enable_gqa."""
+    """True only for grouped heads in float32 on CUDA, where no fused SDPA kernel takes
+    enable_gqa."""
     return device_type == "cuda" and dtype == torch.float32 and H_q != H_kv
 
 
 def sdpa(q, k, v, is_causal=False, dropout_p=0.0, expand_kv=None):
-    """F.scaled_dot_product_attention over grouped heads: q (B, H_q, Tq, hd), k/v (B, H_kv, Tk, hd)
+    """F.scaled_dot_product_attention over grouped heads: q (B, H_q, Tq, hd), k/v (B, H_kv, Tk,
+    hd)
     -> (B, H_q, Tq, hd). expand_kv=None decides by device and (autocast) dtype; True/False forces it (the tests run
     the CUDA branch on CPU)."""
     if expand_kv is None:
         dtype = torch.get_autocast_dtype("cuda") if q.is_cuda and torch.is_autocast_enabled("cuda") else q.dtype
         expand_kv = kv_expand_needed(q.device.type, dtype, q.size(1), k.size(1))
-    # SPECIAL CASE, fp32 on CUDA: expand, else GQA runs the math path (flash/cuDNN: fp16/bf16 only; mem-efficient:
-    # no GQA, pytorch#139586)
+    # SPECIAL CASE, fp32 on CUDA: expand, else GQA runs the math path (flash/cuDNN: fp16/bf16 only;
+    # mem-efficient: no GQA, pytorch#139586)
     if expand_kv:
         group = q.size(1) // k.size(1)
         k = k.repeat_interleave(group, dim=1)  # (B, H_q, Tk, hd): head j reads KV head j // group
@@ -40,12 +43,13 @@ CACHE_BLOCK = 64  # KV caches hold whole blocks of this many positions (see spli
 
 
 def split_kv_attention(q, k, v, visible, scale=None, splits=None):
-    """One-token decode over a static cache, flash-decoding style: q (B, H_kv, G, d) holds each KV head's G
-    query heads as query rows; k (B, H_kv, T, d), v (B, H_kv, T, d_v); visible (T,) the positions written.
+    """One-token decode over a static cache, flash-decoding style: q (B, H_kv, G, d) holds each
+    KV head's G query heads as query rows; k (B, H_kv, T, d), v (B, H_kv, T, d_v); visible (T,)
+    the positions written.
     -> (B, H_kv, G, d_v). A CPU SDPA call works on one (batch, head) per thread, so with fewer KV heads than threads
-    (MQA, MFA, MLA's latent) the cache is cut into S chunks along T, each attended on its own, and the chunks'
-    outputs are merged by their log-sum-exps: out = sum_s softmax_s(lse_s) out_s (exact, up to rounding).
-    splits=None: as many chunks as idle threads; the tests set it."""
+    (MQA, MFA, MLA's latent) the cache is cut into S chunks along T, each attended on its own,
+    and the chunks' outputs are merged by their log-sum-exps: out = sum_s softmax_s(lse_s) out_s
+    (exact, up to rounding). splits=None: as many chunks as idle threads; the tests set it."""
     B, H_kv, G, d = q.shape
     T = k.size(2)
     S = torch.get_num_threads() // (B * H_kv) if splits is None else splits
@@ -68,8 +72,9 @@ def split_kv_attention(q, k, v, visible, scale=None, splits=None):
 
 def grouped_decode_attention(q, k, v):
     """One-token decode (Tq=1) with one matmul per KV head: reads each cached K/V once, however
-    many query heads share it (CPU SDPA with enable_gqa does per-query-head work at Tq=1). q: (B, H_q, 1, hd),
-    k/v hold exactly the past. The compiled step does the same with SDPA over the group as query rows (attend)."""
+    many query heads share it (CPU SDPA with enable_gqa does per-query-head work at Tq=1). q: (B,
+    H_q, 1, hd), k/v hold exactly the past. The compiled step does the same with SDPA over the
+    group as query rows (attend)."""
     B, H_q, _, hd = q.shape
     H_kv = k.size(1)
     qg = q.view(B, H_kv, H_q // H_kv, hd) * hd ** -0.5  # (B, H_kv, group, hd): heads j = g*group + i; scaled
@@ -79,9 +84,10 @@ def grouped_decode_attention(q, k, v):
 
 
 def decode_attention(q, k, v, start_pos):
-    """One decoded token q (B, H, 1, d) over the cache k, v (B, H_kv, T, d) -> (B, H, 1, d), each KV head
-    read once for its whole group. start_pos a (1,) tensor: the static (compiled) step, k and v the whole
-    cache, positions after start_pos masked; an int: k and v hold exactly the past (eager)."""
+    """One decoded token q (B, H, 1, d) over the cache k, v (B, H_kv, T, d) -> (B, H, 1, d), each
+    KV head read once for its whole group. start_pos a (1,) tensor: the static (compiled) step, k
+    and v the whole cache, positions after start_pos masked; an int: k and v hold exactly the
+    past (eager)."""
     if not isinstance(start_pos, torch.Tensor):
         return grouped_decode_attention(q, k, v)
     B, H, _, d = q.shape
@@ -92,9 +98,10 @@ def decode_attention(q, k, v, start_pos):
 
 @torch.no_grad()
 def use_decode_layout(model):
-    """Stores every Linear weight W (out, in) as a transposed-contiguous view: the same values, shape and
-    state_dict, in (in, out) order. At batch 1 each weight is read once per token, by x @ W^T, which streams W
-    faster in this order on CPU (bench_decode.py --weight_layout=out_in times the other). Returns model."""
+    """Stores every Linear weight W (out, in) as a transposed-contiguous view: the same values,
+    shape and state_dict, in (in, out) order. At batch 1 each weight is read once per token, by x
+    @ W^T, which streams W faster in this order on CPU (bench_decode.py --weight_layout=out_in
+    times the other). Returns model."""
     for m in model.modules():
         if isinstance(m, nn.Linear):
             m.weight.data = m.weight.data.t().contiguous().t()

@@ -1,7 +1,8 @@
 """
-llama.cpp (through llama-cpp-python) as a second CPU runtime for one of our plain GQA models, for bench_decode.py:
-the model is written as GGUF by gguf.write_gguf, the context is filled by a real prefill (llama.cpp's cache
-cannot be written from outside), then tokens are decoded one at a time, each a llama_decode of one token.
+llama.cpp (through llama-cpp-python) as a second CPU runtime for one of our plain GQA models, for
+bench_decode.py: the model is written as GGUF by gguf.write_gguf, the context is filled by a real
+prefill (llama.cpp's cache cannot be written from outside), then tokens are decoded one at a
+time, each a llama_decode of one token.
 
     runner = LlamaCpp(model, meta, threads=2)   # None meta: stand-in tokens '[0]', '[1]', ... (speed ignores them)
     ttft = runner.fill(ctx=4096, prefill_len=2048)   # seconds for the first 2048 tokens, then the rest
@@ -37,8 +38,9 @@ def why_not(device_type):
 
 
 class LlamaCpp:
-    """One model in llama.cpp: its weights in the model's dtype, its KV cache in the same dtype as ours (llama.cpp
-    defaults to f16), flash attention off (llama-cpp-python's default), `threads` threads for decode and prefill."""
+    """One model in llama.cpp: its weights in the model's dtype, its KV cache in the same dtype
+    as ours (llama.cpp defaults to f16), flash attention off (llama-cpp-python's default),
+    `threads` threads for decode and prefill."""
 
     def __init__(self, model, meta=None, threads=None):
         import llama_cpp
@@ -54,15 +56,16 @@ class LlamaCpp:
         self.ttft = {}  # prefill length -> seconds, set by the caller from fill()
 
     def load(self, n_ctx):
-        """A fresh context with room for n_ctx positions (the cache is allocated for all of them)."""
+        """A fresh context with room for n_ctx positions (the cache is allocated for all of
+        them)."""
         self.free()
         self.llm = self.lib.Llama(model_path=self.path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=self.threads,
                                   n_threads_batch=self.threads, type_k=self.kv_type, type_v=self.kv_type, verbose=False)
         return self
 
     def fill(self, ctx, prefill_len):
-        """Prefills ctx random tokens (positions 0..ctx-1) in chunks of 512; returns the seconds the first
-        min(ctx, prefill_len) of them took (time to first token)."""
+        """Prefills ctx random tokens (positions 0..ctx-1) in chunks of 512; returns the seconds
+        the first min(ctx, prefill_len) of them took (time to first token)."""
         tokens = torch.randint(self.vocab_size, (ctx,), generator=self.gen).tolist()
         first = min(ctx, prefill_len)
         self.llm.reset()
@@ -73,7 +76,8 @@ class LlamaCpp:
         return ttft
 
     def step(self):
-        """Decodes one token at the next position (its logits are computed; llama-cpp-python keeps them in C)."""
+        """Decodes one token at the next position (its logits are computed; llama-cpp-python
+        keeps them in C)."""
         self.llm.eval([0])
 
     def free(self):
@@ -87,8 +91,9 @@ class LlamaCpp:
 
 
 def runners(models, metas, device_type):
-    """'<name>@llama.cpp' -> (LlamaCpp, name) for each of models (name -> one of our plain GQA models) that llama.cpp
-    can run here; metas: name -> its dataset meta (stand-in tokens without). Prints what it could not time."""
+    """'<name>@llama.cpp' -> (LlamaCpp, name) for each of models (name -> one of our plain GQA
+    models) that llama.cpp can run here; metas: name -> its dataset meta (stand-in tokens
+    without). Prints what it could not time."""
     if models and (why := why_not(device_type)):
         print(f"llama.cpp: not timed: {why}")
         return {}
@@ -107,7 +112,8 @@ def runners(models, metas, device_type):
 
 @torch.no_grad()
 def compare(path, model, tokens, gen_tokens, threads=1):
-    """llama.cpp running the GGUF file at path (with an f32 KV cache) against model (ours, float32 or float64) on
+    """llama.cpp running the GGUF file at path (with an f32 KV cache) against model (ours,
+    float32 or float64) on
     qwen3.reference's logits and greedy ids. -> (max |logit difference|, largest |logit|, None if gen_tokens greedy
     tokens are identical, else the index of the first that differs)."""
     import llama_cpp

@@ -1,14 +1,16 @@
 """
-The lm-evaluation-harness beside our own model: lm-eval runs a task on a Hugging Face export (fold.py --export_hf),
-and our checkpoint (the unfolded VHA model, in float64) scores the very same requests, tokenized as lm-eval does:
+The lm-evaluation-harness beside our own model: lm-eval runs a task on a Hugging Face export
+(fold.py --export_hf), and our checkpoint (the unfolded VHA model, in float64) scores the very
+same requests, tokenized as lm-eval does:
 
     lm, results, samples = run_lm_eval(hf_dir, task, include_path)   # lm-eval's Python API, the folder its only arg
     ours = loglikelihoods(model, meta, lm.prefix_token_id, requests)   # [(log-likelihood, greedy, tokens, |logit| max)]
     report = side_by_side(samples, ours)                               # both accuracies, the largest difference
 
-lm-eval's tokenization (api/model.py, _encode_pair): a context's trailing whitespace moves to the front of the
-continuation, context + continuation is encoded whole and split where the context's own ids end; an empty context is
-the prefix token (the tokenizer's bos, else its eos) unless the continuation starts with it.
+lm-eval's tokenization (api/model.py, _encode_pair): a context's trailing whitespace moves to the
+front of the continuation, context + continuation is encoded whole and split where the context's
+own ids end; an empty context is the prefix token (the tokenizer's bos, else its eos) unless the
+continuation starts with it.
 """
 import torch
 
@@ -18,7 +20,8 @@ INSTALL = "pip install -r requirements-lmeval.txt"
 
 
 def lm_eval_ids(encode, prefix, context, continuation):
-    """(ids, n_context): the tokens lm-eval feeds for one (context, continuation) and how many are context."""
+    """(ids, n_context): the tokens lm-eval feeds for one (context, continuation) and how many
+    are context."""
     if not context:
         ids = encode(continuation)
         return ([prefix] + ids, 1) if ids[:1] != [prefix] else (ids, 1)
@@ -48,8 +51,8 @@ def loglikelihoods(model, meta, prefix, requests):
 
 
 def run_lm_eval(hf_dir, task, include_path, device="cpu", limit=None):
-    """lm-eval's HFLM on hf_dir (no model argument but the folder) running task from include_path, every sample
-    logged. -> (the HFLM, the task's results, its samples)."""
+    """lm-eval's HFLM on hf_dir (no model argument but the folder) running task from
+    include_path, every sample logged. -> (the HFLM, the task's results, its samples)."""
     try:
         from lm_eval import simple_evaluate
         from lm_eval.models.huggingface import HFLM
@@ -63,9 +66,11 @@ def run_lm_eval(hf_dir, task, include_path, device="cpu", limit=None):
 
 
 def side_by_side(samples, ours):
-    """lm-eval's multiple-choice samples (in order) against ours (loglikelihoods of their requests, in order): our
-    acc and acc_norm (log-likelihood per character of the choice, lm-eval's rule), how many choices we pick like
-    lm-eval, the largest |log-likelihood difference|, and the largest per scored token and unit of the logit scale."""
+    """lm-eval's multiple-choice samples (in order) against ours (loglikelihoods of their
+    requests, in order): our acc and acc_norm (log-likelihood per character of the choice,
+    lm-eval's rule), how many choices we pick like
+    lm-eval, the largest |log-likelihood difference|, and the largest per scored token and unit of the logit scale.
+    """
     theirs = [r for s in samples for (r,) in s["resps"]]
     if len(theirs) != len(ours):
         raise ValueError(f"{len(ours)} log-likelihoods of ours for lm-eval's {len(theirs)}: score its requests")

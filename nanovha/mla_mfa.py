@@ -1,13 +1,15 @@
 """
-The attention kinds VHA is compared with, registered in model.py's attn= switch (model.ATTENTION): importing this
-module adds attn="mla" and attn="mfa" (every command imports it through nanovha/checkpoint.py). The cache / FLOPs /
-quality triangle stays one flag away: `GPTConfig(attn="mla", ...)` builds the same GPT with another attention.
+The attention kinds VHA is compared with, registered in model.py's attn= switch
+(model.ATTENTION): importing this module adds attn="mla" and attn="mfa" (every command imports it
+through nanovha/checkpoint.py). The cache / FLOPs / quality triangle stays one flag away:
+`GPTConfig(attn="mla", ...)` builds the same GPT with another attention.
 
     MLAttention   DeepSeek-V2/V3's multi-head latent attention: a small latent cached, keys and values rebuilt
     MFAttention   StepFun's multi-matrix factorization attention: GQA with few wide KV heads and a low-rank query
 
-Adding a kind: a class here (or in a module like this one) with `cache_dims`, `check_config` and forward(x, cos,
-sin, start_pos), its entry in ATTENTION, its terms in nanovha/costs.py, and its tests (CONTRIBUTING.md).
+Adding a kind: a class here (or in a module like this one) with `cache_dims`, `check_config` and
+forward(x, cos, sin, start_pos), its entry in ATTENTION, its terms in nanovha/costs.py, and its
+tests (CONTRIBUTING.md).
 """
 import math
 
@@ -20,10 +22,11 @@ from nanovha.kernels import split_kv_attention
 
 
 class MFAttention(Attention):
-    """Multi-matrix factorization attention (StepFun's MFA, as Step-3 ships it): GQA with few KV heads of a large
-    head_dim and a low-rank query, q = RMSNorm(x W_qa) W_qb (rank q_rank, W_qa fused into qkv_proj), so many query
-    heads cost D*r + r*H*d weights instead of D*H*d. This is plain MFA, not the paper's key-reuse variant (MFA-KR,
-    values partly built from keys): Step-3 ships the plain form. Everything after the projection is GQA's."""
+    """Multi-matrix factorization attention (StepFun's MFA, as Step-3 ships it): GQA with few KV
+    heads of a large head_dim and a low-rank query, q = RMSNorm(x W_qa) W_qb (rank q_rank, W_qa
+    fused into qkv_proj), so many query heads cost D*r + r*H*d weights instead of D*H*d. This is
+    plain MFA, not the paper's key-reuse variant (MFA-KR, values partly built from keys): Step-3
+    ships the plain form. Everything after the projection is GQA's."""
 
     def __init__(self, cfg):
         super().__init__(cfg)  # qkv_proj rows [W_qa (q_rank); W_k; W_v] (cfg.qkv_split)
@@ -47,8 +50,9 @@ class MFAttention(Attention):
 
 
 class MLAttention(nn.Module):
-    """Multi-head latent attention (DeepSeek-V2/V3). Each token caches only a latent c_kv (r = mla_kv_rank wide)
-    and one RoPE key k_R (d_R = mla_rope_dim) shared by all heads; per-head keys and values come back from c_kv:
+    """Multi-head latent attention (DeepSeek-V2/V3). Each token caches only a latent c_kv (r =
+    mla_kv_rank wide) and one RoPE key k_R (d_R = mla_rope_dim) shared by all heads; per-head
+    keys and values come back from c_kv:
 
         c_kv = RMSNorm(x W_dkv),   k_R = RoPE(x W_kR)                   (W_dkv, W_kR fused into qkv_proj)
         [k_C,h ; v_h] = W_ukv,h c_kv                                     (kv_up: d + d rows per head h)
@@ -60,9 +64,10 @@ class MLAttention(nn.Module):
       absorb: q_C,h . (W_uk,h c) = (W_uk,h^T q_C,h) . c and sum_t p_t W_uv,h c_t = W_uv,h (sum_t p_t c_t): the
               query moves into latent space, attention runs over the cached c_kv itself (r wide, one "KV head"
               shared by all heads), and W_uv,h is applied once to the result. No per-head K/V is ever built.
-    Training and prefill use the naive form. There is no per-head QK-norm (cfg.qk_norm must be False): an
-    RMSNorm of k_C = W_uk c is not linear in c, so absorb could not move W_uk into the query. The latent
-    norms (of c_kv, and of the query latent with q_rank) take its place, as in DeepSeek-V2/V3."""
+    Training and prefill use the naive form. There is no per-head QK-norm (cfg.qk_norm must be
+    False): an RMSNorm of k_C = W_uk c is not linear in c, so absorb could not move W_uk into the
+    query. The latent norms (of c_kv, and of the query latent with q_rank) take its place, as in
+    DeepSeek-V2/V3."""
 
     def __init__(self, cfg):
         super().__init__()
@@ -123,7 +128,8 @@ class MLAttention(nn.Module):
         return self.o_proj(a.transpose(1, 2).reshape(B, T, H * d))  # (B, H, T, d) -> (B, T, H*d) -> (B, T, D)
 
     def naive_attention(self, q_nope, q_rope, c_kv, k_rope, visible, causal):
-        """Up-projects the latents to per-head keys and values, then ordinary attention. -> (B, H, T, d)"""
+        """Up-projects the latents to per-head keys and values, then ordinary attention. -> (B,
+        H, T, d)"""
         B, H, T, d = q_nope.shape
         Tk = c_kv.size(2)
         kv = self.kv_up(c_kv[:, 0]).view(B, Tk, H, 2 * d).transpose(1, 2)  # (B, H, Tk, 2d)
@@ -137,14 +143,15 @@ class MLAttention(nn.Module):
                                               dropout_p=self.cfg.dropout if self.training else 0.0)
 
     def absorbed_attention(self, q_nope, q_rope, kv, visible):
-        """One decoded token, attention over the cached [c_kv ; k_R] rows kv (B, 1, Tk, r + d_R). -> (B, H, 1, d)"""
+        """One decoded token, attention over the cached [c_kv ; k_R] rows kv (B, 1, Tk, r + d_R).
+        -> (B, H, 1, d)"""
         H, d, r = self.cfg.n_head, self.cfg.head_dim, self.cfg.mla_kv_rank
         W_uk, W_uv = self.kv_up.weight.view(H, 2 * d, r).split([d, d], dim=1)  # (H, d, r) each
         q_latent = q_nope @ W_uk  # (B, H, 1, d) @ (H, d, r) -> (B, H, 1, r): W_uk,h^T q_C,h
         q = torch.cat([q_latent, q_rope], dim=-1).transpose(1, 2)  # (B, 1, H, r + d_R): H query rows, one KV head
-        # q . [c_t ; k_R,t] = q_latent . c_t + q_R . k_R,t; the cached row is the value too, of which the first r
-        # columns are kept: sum_t p_t c_t. One SDPA reads the cache once for every head (a (B, H, 1, r) query
-        # would broadcast the cache to every head, copying it H times)
+        # q . [c_t ; k_R,t] = q_latent . c_t + q_R . k_R,t; the cached row is the value too, of
+        # which the first r columns are kept: sum_t p_t c_t. One SDPA reads the cache once for every
+        # head (a (B, H, 1, r) query would broadcast the cache to every head, copying it H times)
         if visible is None:
             visible = torch.ones(kv.size(2), dtype=torch.bool, device=kv.device)  # (Tk,): exactly the past
         a = split_kv_attention(q, kv, kv, visible, scale=1 / math.sqrt(d + q_rope.size(-1)))  # (B, 1, H, r + d_R)

@@ -1,9 +1,10 @@
 """
-The initialisation GPT uses, drawn so that variants can be compared in pairs: GPT-2's N(0, 0.02) (o_proj and
-down_proj: 0.02 / sqrt(2 n_layer)), each parameter, and each head's rows of qkv_proj and columns of o_proj,
-from a generator seeded by (seed, its name). Variants built from one seed share every block whose name and shape
-agree (embeddings, MLPs, the KV heads they have in common, W_o of the same heads), so a paired comparison does
-not also compare initialisations. Premix, postmix and norms keep their own init (model.py). Torch only.
+The initialisation GPT uses, drawn so that variants can be compared in pairs: GPT-2's N(0, 0.02)
+(o_proj and down_proj: 0.02 / sqrt(2 n_layer)), each parameter, and each head's rows of qkv_proj
+and columns of o_proj, from a generator seeded by (seed, its name). Variants built from one seed
+share every block whose name and shape agree (embeddings, MLPs, the KV heads they have in common,
+W_o of the same heads), so a paired comparison does not also compare initialisations. Premix,
+postmix and norms keep their own init (model.py). Torch only.
 """
 import math
 import zlib

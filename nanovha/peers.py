@@ -1,16 +1,18 @@
 """
-When one process of a DDP job dies or hangs, the others stop within seconds with one line that names it,
-not a hang until the collective's timeout nor a wall of tracebacks. train.py calls, after init_process_group:
+When one process of a DDP job dies or hangs, the others stop within seconds with one line that
+names it, not a hang until the collective's timeout nor a wall of tracebacks. train.py calls,
+after init_process_group:
 
     watch = PeerWatch(rank, world_size, report)   # report(what, ckpt_iter, store_ok) -> the one line to print
     watch.checkpoint_written(it)                  # after each save: a survivor can name it if rank 0 dies
 
-The survivors learn of a death from a collective that fails (a broken connection, or the process group's
-timeout for a hung peer) or from torchrun's SIGTERM (its agent stops the job when one of its processes dies);
-which rank it was, from a roll call in the c10d store (torchrun's agent hosts it, so it outlives any rank).
-Every process answers the roll call from a thread, which runs even while its main thread is stuck in a
-collective: the ranks that do not answer within ROLL_CALL_S are the dead (or hung) ones. When all answer,
-the failure is this process's own (a bug, out of memory) and it keeps its traceback.
+The survivors learn of a death from a collective that fails (a broken connection, or the process
+group's timeout for a hung peer) or from torchrun's SIGTERM (its agent stops the job when one of
+its processes dies); which rank it was, from a roll call in the c10d store (torchrun's agent
+hosts it, so it outlives any rank). Every process answers the roll call from a thread, which runs
+even while its main thread is stuck in a collective: the ranks that do not answer within
+ROLL_CALL_S are the dead (or hung) ones. When all answer, the failure is this process's own (a
+bug, out of memory) and it keeps its traceback.
 """
 import os
 import signal
@@ -26,8 +28,9 @@ ROLL_CALL_S = 5  # a live process answers in milliseconds
 
 
 def start_ddp(device, gradient_accumulation_steps, timeout_s):
-    """Joins the process group torchrun launched (nccl on GPUs, gloo on CPU); one GPU per local rank.
-    Returns (rank, local_rank, world_size, device); raises ValueError for a launch that cannot work."""
+    """Joins the process group torchrun launched (nccl on GPUs, gloo on CPU); one GPU per local
+    rank. Returns (rank, local_rank, world_size, device); raises ValueError for a launch that
+    cannot work."""
     rank, local_rank, world_size = (int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]),
                                     int(os.environ["WORLD_SIZE"]))
     if gradient_accumulation_steps % world_size:
@@ -77,7 +80,8 @@ class PeerWatch:
         raise Stopped
 
     def roll_call(self):
-        """-> (the ranks that did not answer, the last checkpoint's iteration or None, whether this process reports)."""
+        """-> (the ranks that did not answer, the last checkpoint's iteration or None, whether this process reports).
+        """
         self.store.set("roll_call", "")
         keys, deadline = [f"alive/{r}" for r in range(self.world_size)], time.time() + ROLL_CALL_S
         while not self.store.check(keys) and time.time() < deadline:

@@ -1,26 +1,31 @@
 """
-One measured plan per model and machine: which dtype and runtime run a job fastest here, timed on the job itself,
-kept beside the compiled packages (as FFTW keeps its "wisdom") and read by every command.
+One measured plan per model and machine: which dtype and runtime run a job fastest here, timed on
+the job itself, kept beside the compiled packages (as FFTW keeps its "wisdom") and read by every
+command.
 
     plan = decode_plan(model, folder, (16, 512))  # fold.py, sample.py, bench_decode.py: decode from 16 to 512
     plan.dtype, plan.runtime, plan.line           # "float32", "compiled", one line with the figures
     dtype, line = train_plan(step, key, folder)   # train.py: float32 against bf16 autocast on the run's own step
 
-How a choice is made (choose): every candidate runs in interleaved rounds, the order rotated each round, each for at
-least min_s seconds per round (a 2-ms step is repeated, not timed once), after one untimed warm-up call. The fastest
-by median wins outright only where it beats the others by more than `margin` in the median and in at least 4 rounds
-of 5; otherwise the safest candidate that it cannot be told apart from is kept (the order of the candidates is their
-safety: float32 before bf16). A bf16 whose warm-up already takes 3x float32's is emulated: out after that one call.
+How a choice is made (choose): every candidate runs in interleaved rounds, the order rotated each
+round, each for at least min_s seconds per round (a 2-ms step is repeated, not timed once), after
+one untimed warm-up call. The fastest by median wins outright only where it beats the others by
+more than `margin` in the median and in at least 4 rounds of 5; otherwise the safest candidate
+that it cannot be told apart from is kept (the order of the candidates is their safety: float32
+before bf16). A bf16 whose warm-up already takes 3x float32's is emulated: out after that one
+call.
 
-A busy machine: the other processes' CPU time during the timing is read from /proc/stat (others_busy). Where they
-used over a quarter of a core, leaving the safe choice takes a 25% margin (noise then is large, and only a large gap
-survives it), and the plan is kept for the run that made it, marked provisional, and measured again by the next
-command that finds it so. `replan=True` measures again in any case.
+A busy machine: the other processes' CPU time during the timing is read from /proc/stat
+(others_busy). Where they used over a quarter of a core, leaving the safe choice takes a 25%
+margin (noise then is large, and only a large gap survives it), and the plan is kept for the run
+that made it, marked provisional, and measured again by the next command that finds it so.
+`replan=True` measures again in any case.
 
-A plan file (plan-<key>.json) is keyed by what the timings depend on: the model's shape (not its weights), the
-candidates, the CPU, torch and the thread count. It holds one job per range of contexts, each with its timings,
-when and how they were measured and what was chosen; a compiled candidate is timed on the package of the weights at
-hand, and a model of the same shape without a package picks among the rest of the timings.
+A plan file (plan-<key>.json) is keyed by what the timings depend on: the model's shape (not its
+weights), the candidates, the CPU, torch and the thread count. It holds one job per range of
+contexts, each with its timings, when and how they were measured and what was chosen; a compiled
+candidate is timed on the package of the weights at hand, and a model of the same shape without a
+package picks among the rest of the timings.
 """
 import copy
 import datetime
@@ -46,8 +51,9 @@ EMULATED = 3.0  # a bf16 warm-up this many times float32's: emulated, out
 
 # ---- timing and deciding
 def measure(fns, clock=time.perf_counter, rounds=ROUNDS, min_s=MIN_S, warmup=True):
-    """{name: fn} -> ({name: [seconds per call, one per round]}, {name: seconds of the warm-up call}). Each round
-    calls every fn, in an order rotated by one each round, until min_s has passed (at least once)."""
+    """{name: fn} -> ({name: [seconds per call, one per round]}, {name: seconds of the warm-up
+    call}). Each round calls every fn, in an order rotated by one each round, until min_s has
+    passed (at least once)."""
     names, warm, times = list(fns), {}, {name: [] for name in fns}
     for name in names if warmup else []:
         t0 = clock()
@@ -66,16 +72,18 @@ def measure(fns, clock=time.perf_counter, rounds=ROUNDS, min_s=MIN_S, warmup=Tru
 
 
 def beaten(times, name, by, margin=MARGIN):
-    """Whether `by` is faster than `name` by more than margin in the median of the per-round ratios and in at least
-    80% of the rounds (rounds are paired: both ran in the same round, so noise hits them alike)."""
+    """Whether `by` is faster than `name` by more than margin in the median of the per-round
+    ratios and in at least 80% of the rounds (rounds are paired: both ran in the same round, so
+    noise hits them alike)."""
     ratios = [t / u for t, u in zip(times[name], times[by])]
     return statistics.median(ratios) > 1 + margin and sum(x > 1 for x in ratios) >= 0.8 * len(ratios)
 
 
 def choose(times, margin=MARGIN):
-    """times: {candidate: [s per round]} in safety order -> (chosen, clear). The fastest by median where it beats
-    every safer candidate; else the safest one it does not beat. clear: the chosen one and every other candidate
-    were told apart (one beat the other), so noise cannot have made the choice."""
+    """times: {candidate: [s per round]} in safety order -> (chosen, clear). The fastest by
+    median where it beats every safer candidate; else the safest one it does not beat. clear: the
+    chosen one and every other candidate were told apart (one beat the other), so noise cannot
+    have made the choice."""
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     fastest = min(medians, key=medians.get)
     chosen = next(name for name in times if name == fastest or not beaten(times, name, fastest, margin))
@@ -85,7 +93,8 @@ def choose(times, margin=MARGIN):
 
 
 def margin_for(busy_cores):
-    """The margin a choice needs: MARGIN on a quiet machine, BUSY_MARGIN where other processes were busy."""
+    """The margin a choice needs: MARGIN on a quiet machine, BUSY_MARGIN where other processes
+    were busy."""
     return BUSY_MARGIN if busy_cores is not None and busy_cores > BUSY_CORES else MARGIN
 
 
@@ -124,8 +133,8 @@ JOB_KEYS = ("seconds", "rounds", "chosen", "clear", "busy_cores", "provisional",
 
 
 def read_plan(path):
-    """The plan file's jobs that hold every field, {} where it is missing or unreadable (a plan is a cache: what
-    cannot be read is measured again, never fatal)."""
+    """The plan file's jobs that hold every field, {} where it is missing or unreadable (a plan
+    is a cache: what cannot be read is measured again, never fatal)."""
     try:
         with open(path) as f:
             plan = json.load(f)
@@ -137,7 +146,8 @@ def read_plan(path):
 
 
 def write_plan(path, about, jobs):
-    """Writes the plan whole, then renames it into place; a folder that cannot be written is a note, not an error."""
+    """Writes the plan whole, then renames it into place; a folder that cannot be written is a
+    note, not an error."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp_plan_")
@@ -206,21 +216,22 @@ def train_plan(step, key_parts, folder, replan=False, clock=time.perf_counter, b
 
 # ---- decode: {compiled, eager} x {float32, bf16 where native} at both ends of the contexts a command reaches
 def candidates(dtypes):
-    """Decode candidates in safety order: the dtypes' order (float32 first), the compiled step before eager."""
+    """Decode candidates in safety order: the dtypes' order (float32 first), the compiled step
+    before eager."""
     return [f"{runtime} {d}" for d in dtypes for runtime in ("compiled", "eager")]
 
 
 def context_range(first, last):
-    """The (short, long) contexts a plan is measured at for a generation from position `first` to `last`: powers
-    of two around them (at least 16), so nearby lengths share one job."""
+    """The (short, long) contexts a plan is measured at for a generation from position `first` to
+    `last`: powers of two around them (at least 16), so nearby lengths share one job."""
     lo = max(16, 1 << max(0, first.bit_length() - 1))
     hi = max(lo, 1 << max(0, (last - 1).bit_length()))
     return lo, hi
 
 
 def random_context(model, ctx, max_len, batch_size=1):
-    """A fresh cache of max_len positions whose first ctx hold random K/V: a context to time decode at without a
-    prefill (speed does not depend on the values)."""
+    """A fresh cache of max_len positions whose first ctx hold random K/V: a context to time
+    decode at without a prefill (speed does not depend on the values)."""
     model.setup_cache(batch_size, max_len)
     with torch.no_grad():
         for block in model.blocks:
@@ -229,8 +240,8 @@ def random_context(model, ctx, max_len, batch_size=1):
 
 
 def decode_step_at(model, ctx, step=None, span=16):
-    """A call that decodes one token at positions ctx .. ctx+span-1 in turn (random_context up to ctx), eager or
-    through a compiled step."""
+    """A call that decodes one token at positions ctx .. ctx+span-1 in turn (random_context up to
+    ctx), eager or through a compiled step."""
     random_context(model, ctx, ctx + span)
     token = torch.zeros(1, 1, dtype=torch.long, device=model.embed.weight.device)
     state = {"k": 0}
@@ -244,8 +255,8 @@ def decode_step_at(model, ctx, step=None, span=16):
 
 
 class DecodePlan:
-    """What a command runs: dtype, runtime ("compiled" or "eager"), the model in that dtype and layout, the compiled
-    step (or None), and the line that says why."""
+    """What a command runs: dtype, runtime ("compiled" or "eager"), the model in that dtype and
+    layout, the compiled step (or None), and the line that says why."""
 
     def __init__(self, dtype, runtime, model, step, line):
         self.dtype, self.runtime, self.model, self.step, self.line = dtype, runtime, model, step, line
@@ -253,10 +264,10 @@ class DecodePlan:
 
 def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eager"), build=False, replan=False,
                 clock=time.perf_counter, by="sample.py"):
-    """The fastest of {compiled, eager} x {float32, bf16 where native} for decoding `model` (batch 1, CPU) over
-    contexts (short, long), from the plan file in folder or measured now. dtypes, runtimes: the ones allowed
-    (--dtype, --compile). build: compile the packages that are missing (fold.py, bench_decode.py); else only cached
-    packages are candidates."""
+    """The fastest of {compiled, eager} x {float32, bf16 where native} for decoding `model`
+    (batch 1, CPU) over contexts (short, long), from the plan file in folder or measured now.
+    dtypes, runtimes: the ones allowed (--dtype, --compile). build: compile the packages that are
+    missing (fold.py, bench_decode.py); else only cached packages are candidates."""
     from nanovha.compiled_decode import compiled_decode, package_path
     native = ["float32", "bfloat16"] if cpu_bf16_support()[0] else ["float32"]
     everything = candidates(dtypes or native)
@@ -294,8 +305,9 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
 
 
 def measure_decode(models, steps, names, contexts, clock, by):
-    """Times every candidate at both contexts; a candidate's time is the sum of its two (a generation that grows
-    from the short context to the long one spends about that, halved, per token)."""
+    """Times every candidate at both contexts; a candidate's time is the sum of its two (a
+    generation that grows from the short context to the long one spends about that, halved, per
+    token)."""
     stop = others_busy()
     per_ctx = []
     for ctx in contexts:

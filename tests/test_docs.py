@@ -141,7 +141,8 @@ def test_other_attention_kinds_register_in_the_one_switch():
     assert "class MLAttention" not in text and "q_latent_norm" not in text, "MLA/MFA code in model.py"
     import model
     import nanovha.mla_mfa
-    assert model.ATTENTION["mla"] is nanovha.mla_mfa.MLAttention and model.ATTENTION["mfa"] is nanovha.mla_mfa.MFAttention
+    assert model.ATTENTION["mla"] is nanovha.mla_mfa.MLAttention
+    assert model.ATTENTION["mfa"] is nanovha.mla_mfa.MFAttention
 
 
 def test_every_command_the_docs_name_exists():

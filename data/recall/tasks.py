@@ -1,11 +1,11 @@
 """
-Token-level recall tasks, one example per row, in the style of the Zoology MQAR benchmark and RULER.
-Generated here, deterministic per seed; nothing is downloaded.
+Token-level recall tasks, one example per row, in the style of the Zoology MQAR benchmark and
+RULER. Generated here, deterministic per seed; nothing is downloaded.
 
-A row is (x, y), both (T,) int: x is the input, y[t] the answer the model must predict at position t,
-or -1 where there is none (the loss and the score read only the answers). Rows shorter than T (early
-in a curriculum) are padded with PAD, whose targets are -1; attention is causal, so padding at the end
-changes nothing before it.
+A row is (x, y), both (T,) int: x is the input, y[t] the answer the model must predict at
+position t, or -1 where there is none (the loss and the score read only the answers). Rows
+shorter than T (early in a curriculum) are padded with PAD, whose targets are -1; attention is
+causal, so padding at the end changes nothing before it.
 
 Vocabulary: PAD, SEP, NEEDLE, then 16 filler tokens, n_keys key tokens, n_values value tokens.
 
@@ -17,17 +17,18 @@ Vocabulary: PAD, SEP, NEEDLE, then 16 filler tokens, n_keys key tokens, n_values
   passkey  f f f NEEDLE d1 d2 d3 d4 f f ... f SEP NEEDLE d1 d2 d3 d4   the needle at a random depth
            y:                                         d1 d2 d3 d4
 
-Keys are distinct within a row, values are drawn with replacement. The curriculum knob of each task
-(CURRICULUM) ramps from the spec's `curriculum_start` to its full value as training progresses: the
-number of pairs (mqar), the chain length (vt) or the context length (passkey). With `gap_start` below
-`gap`, the gap ramps too, from `gap_start` to `gap` on the same schedule: short gaps first.
+Keys are distinct within a row, values are drawn with replacement. The curriculum knob of each
+task (CURRICULUM) ramps from the spec's `curriculum_start` to its full value as training
+progresses: the number of pairs (mqar), the chain length (vt) or the context length (passkey).
+With `gap_start` below `gap`, the gap ramps too, from `gap_start` to `gap` on the same schedule:
+short gaps first.
 """
 import numpy as np
 
 PAD, SEP, NEEDLE, N_SPECIAL, N_FILLER = 0, 1, 2, 3, 16
 TASKS = ("mqar", "vt", "passkey")
-# each task's knobs and their defaults; `gap`: filler tokens between the story and the queries, `gap_start`: the
-# gap the curriculum starts from (None: the full gap from the first step)
+# each task's knobs and their defaults; `gap`: filler tokens between the story and the queries,
+# `gap_start`: the gap the curriculum starts from (None: the full gap from the first step)
 DEFAULTS = {
     "mqar": dict(n_pairs=16, n_keys=128, n_values=128, gap=0, gap_start=None, curriculum_start=2),
     "vt": dict(n_chains=2, n_hops=4, n_keys=128, n_values=128, gap=0, gap_start=None, curriculum_start=1),
@@ -87,20 +88,21 @@ CURRICULUM_MODES = ("ramp", "floor", "mix", "mix_floor")
 
 
 def ramp(start, full, frac, mode):
-    """start + frac * (full - start), frac clipped to [0, 1], rounded (modes "ramp", "mix") or rounded down
-    ("floor", "mix_floor": each value is reached later)."""
+    """start + frac * (full - start), frac clipped to [0, 1], rounded (modes "ramp", "mix") or
+    rounded down ("floor", "mix_floor": each value is reached later)."""
     exact = start + min(max(frac, 0.0), 1.0) * (full - start)
     return int(exact // 1 if mode.endswith("floor") else round(exact))
 
 
 def level(spec, frac, mode="ramp"):
-    """The curriculum knob's value at training progress frac in [0, 1], from curriculum_start to its full value
-    (in the "mix" modes, rows then range up to it)."""
+    """The curriculum knob's value at training progress frac in [0, 1], from curriculum_start to
+    its full value (in the "mix" modes, rows then range up to it)."""
     return ramp(spec["curriculum_start"], spec[CURRICULUM[spec["task"]]], frac, mode)
 
 
 def gap_level(spec, frac, mode="ramp"):
-    """The gap at progress frac, from gap_start to gap (specs written before gap_start: the full gap)."""
+    """The gap at progress frac, from gap_start to gap (specs written before gap_start: the full
+    gap)."""
     return ramp(spec.get("gap_start", spec["gap"]), spec["gap"], frac, mode)
 
 
@@ -161,10 +163,11 @@ GENERATORS = {"mqar": mqar, "vt": vt, "passkey": passkey}
 
 
 def batch(spec, n, rng, frac=1.0, mode="ramp"):
-    """n rows at curriculum progress frac (1 = full difficulty), padded to row_length(spec): (x, y) int64.
-    mode "ramp"/"floor": every row at level(spec, frac, mode). "mix"/"mix_floor": each row's level drawn uniformly
-    from curriculum_start up to that level, so the easiest rows stay in every batch (at frac = 1 too). A ramped
-    gap (gap_start < gap) follows the same mode: gap_level(spec, frac, mode), or each row's drawn up to it."""
+    """n rows at curriculum progress frac (1 = full difficulty), padded to row_length(spec): (x,
+    y) int64. mode "ramp"/"floor": every row at level(spec, frac, mode). "mix"/"mix_floor": each
+    row's level drawn uniformly from curriculum_start up to that level, so the easiest rows stay
+    in every batch (at frac = 1 too). A ramped gap (gap_start < gap) follows the same mode:
+    gap_level(spec, frac, mode), or each row's drawn up to it."""
     knob, top, mix = CURRICULUM[spec["task"]], level(spec, frac, mode), mode.startswith("mix")
     levels = rng.integers(spec["curriculum_start"], top + 1, size=n) if mix else np.full(n, top)
     full_gap = spec.get("gap", 0)
@@ -187,14 +190,16 @@ def eval_rows(spec, n, seed=EVAL_SEED):
 
 
 def meta(spec, n_val):
-    """meta.pkl of a row dataset: train.py generates training rows from `rows`, val.npz holds held-out ones."""
+    """meta.pkl of a row dataset: train.py generates training rows from `rows`, val.npz holds
+    held-out ones."""
     knobs = ", ".join(f"{k}={v}" for k, v in spec.items() if k != "task")
     return {"tokenizer": "rows", "vocab_size": vocab_size(spec), "rows": dict(spec), "row_length": row_length(spec),
             "val_rows": n_val, "source": f"recall task {spec['task']} ({knobs}), generated by data/recall/tasks.py"}
 
 
 def score(pred, y):
-    """pred, y (n, T): (answer-token accuracy, exact match per row), over the positions where y >= 0."""
+    """pred, y (n, T): (answer-token accuracy, exact match per row), over the positions where y
+    >= 0."""
     answer = y >= 0
     right = (pred == y) & answer
     return float(right.sum() / answer.sum()), float((right.sum(1) == answer.sum(1)).mean())
