@@ -25,7 +25,7 @@ def section_lines(report_dir):
     return {s["name"]: s for s in json.load(open(os.path.join(report_dir, "report.json")))["sections"]}
 
 
-@pytest.mark.slow  # every section of the check, on the CPU: about a minute (47 s on 2 shared cores, Intel AMX)
+@pytest.mark.slow  # every section of the check, on the CPU: about a minute
 def test_gpu_check_dry_run_reports_every_section(char_data, tmp_path):
     out = tmp_path / "report"
     proc = run("scripts/gpu_check.py", "--dry_run=True", f"--data_dir={char_data}", f"--report_dir={out}",
