@@ -30,8 +30,9 @@ from nanovha.config import flat_defaults, need, settings, stop_if
 from nanovha.costs import kv_bytes_per_token
 from nanovha.kernels import decode_attention, sdpa, use_decode_layout
 from nanovha.hardware import choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, matmul_peak
-from nanovha.hardware import interleaved as interleaved_on, memory_problem, print_table, timed as timed_on, verdict
+from nanovha.hardware import interleaved as interleaved_on, memory_problem, print_table, timed as timed_on
 from nanovha.decode_plot import plot_decode
+from nanovha.decode_targets import check_targets, llama_ratios
 from nanovha.plan import decode_plan, random_context
 
 # -----------------------------------------------------------------------------
@@ -385,59 +386,6 @@ def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
     return breakdown, floor_ms["op_floor"], flops_peak
 
 
-def check_targets(models, at, breakdown, top, op_floor_ms, dtype_name):
-    """The folded VHA model's decode targets at context `top`, printed PASS/FAIL -> {name: measured ratio}."""
-    targets, runtime = {}, runtimes[0]
-    if "vha_folded" not in models:
-        return targets
-    vha, b = at[("vha_folded", runtime, top)], breakdown["vha_folded"]
-    note = "" if (top, dtype_name) == (16384, "float32") else f"  (set at 16K float32; this is {top}, {dtype_name})"
-    print(f"\ntargets at context {top} ({runtime}):{note}")
-    if "mha" in models:  # each at its faster runtime: a compiled step can lose to eager (MHA's long caches)
-        fastest = {n: max(at[(n, r, top)]["decode_tok_s"] for r in runtimes) for n in ("vha_folded", "mha")}
-        targets["vha_over_mha"] = x = fastest["vha_folded"] / fastest["mha"]
-        kv_only = f"{breakdown['mha']['kv_ms'] / b['kv_ms']:.1f}x" if b["kv_ms"] > 0 else "n/a"
-        targets["vha_over_mha_roofline"] = best = breakdown["mha"]["roofline_ms"] / b["roofline_ms"]
-        print(f"  folded VHA decode tok/s >= 3x MHA (each at its faster runtime): {x:.2f}x (the KV parts alone, "
-              f"{runtime}: {kv_only}; at the roofline, "
-              f"weights + KV at peak bandwidth, no implementation can beat {best:.2f}x)  {verdict(x >= 3)}")
-        print(f"  VHA / MHA at most 1.1x the rooflines' ratio (no baseline handicapped): {x:.2f}x vs {best:.2f}x  "
-              f"{verdict(x <= 1.1 * best)}")
-    if f"gqa{vha_kv_head}" in models:
-        targets["vha_over_gqa_same"] = x = vha["decode_tok_s"] / at[(f"gqa{vha_kv_head}", runtime, top)]["decode_tok_s"]
-        print(f"  folded VHA within 5% of gqa{vha_kv_head} (same deployed shape, built directly): {x:.3f}x  "
-              f"{verdict(abs(x - 1) <= 0.05)}")
-    targets["vha_bw_frac"] = x = vha["bw_frac"]
-    print(f"  folded VHA >= 50% of copy bandwidth (weights + KV per step / time): {x:.0%}  {verdict(x >= 0.5)}")
-    worst = max((r["kv_over_roof"], n) for n, r in breakdown.items() if n in models and r["kv_over_roof"])
-    targets["worst_kv_over_roof"] = worst[0]
-    print(f"  every variant's KV part within 3x of its roof: worst {worst[0]:.1f}x ({worst[1]})  "
-          f"{verdict(worst[0] <= 3)}")
-    print(f"  where the time goes: {b['ms_top']:.2f} ms/token = {b['ms_ctx1']:.2f} ms fixed (weights at peak: "
-          f"{b['weights_ms']:.2f}, per-op overhead alone: {op_floor_ms:.2f}) + {b['kv_ms']:.2f} ms for the KV cache; "
-          f"roofline {b['roofline_ms']:.2f} ms")
-    return targets
-
-
-def llama_ratios(at, runners, ctxs, breakdown):
-    """Our decode tok/s over llama.cpp's, same model, per context and runtime -> {runner: {runtime: {ctx: ratio}}},
-    printed, with the targets for the first runtime: >= 1.0x from 1K on, a fixed cost per token (context 1) at most
-    llama.cpp's."""
-    ratios = {}
-    for name, (_, base) in runners.items():
-        ours, theirs_fixed = breakdown[base]["ms_ctx1"], breakdown[name]["ms_ctx1"]
-        print(f"\nfixed cost per token (context 1), {base}: ours ({runtimes[0]}) {ours:.2f} ms, llama.cpp "
-              f"{theirs_fixed:.2f} ms: {ours / theirs_fixed:.2f}x theirs  <= 1x: {verdict(ours <= theirs_fixed)}")
-        theirs = {ctx: at[(name, "llama.cpp", ctx)]["decode_tok_s"] for ctx in ctxs}
-        ratios[name] = {r: {ctx: at[(base, r, ctx)]["decode_tok_s"] / theirs[ctx] for ctx in ctxs} for r in runtimes}
-        for runtime, by_ctx in ratios[name].items():
-            line = ", ".join(f"{x:.2f}x at {c}" for c, x in by_ctx.items())
-            judged = [x for c, x in by_ctx.items() if c >= 1024]
-            goal = f"  >= 1.0x from 1K: {verdict(min(judged) >= 1.0)}" if runtime == runtimes[0] and judged else ""
-            print(f"\nours ({runtime}) / llama.cpp decode tok/s, {base}: {line}{goal}")
-    return ratios
-
-
 def run_decode():
     parts = contexts.split(",")
     need(contexts == "auto" or all(p.isdigit() and int(p) >= 1 for p in parts),
@@ -478,8 +426,8 @@ def run_decode():
     at = {(r["variant"], r["runtime"], r["ctx"]): r for r in rows}
     costs = compile_costs(models, at, ctxs[0], compiled, first_calls[ctxs[0]]) if len(runtimes) == 2 else {}
     breakdown, op_floor_ms, flops_peak = breakdown_at(models, at, top, bw, runners, compiled, ptdtype)
-    targets = check_targets(models, at, breakdown, top, op_floor_ms, dtype_name)
-    ratios = llama_ratios(at, runners, ctxs, breakdown)
+    targets = check_targets(models, at, breakdown, top, op_floor_ms, dtype_name, runtimes, f"gqa{vha_kv_head}")
+    ratios = llama_ratios(at, runners, ctxs, breakdown, runtimes)
     for runner, _ in runners.values():
         runner.close()
     if plot:

@@ -2,7 +2,7 @@
 The one-token decode step compiled ahead of time with AOTInductor, for the CPU: built once per
 model and machine, cached as a package, loaded in a fraction of a second by every later run.
 
-    step = compiled_decode(model, folder)   # builds once (docs/benchmarks.md: how long) or loads folder/decode-<key>.pt2
+    step = compiled_decode(model, folder)   # builds once, or loads folder/decode-<key>.pt2
     model.setup_cache(1, max_len)           # any length: one package serves every context
     logits = step(token, pos)               # == model.decode_one_token(token, pos); pos a (1,) long tensor
 
