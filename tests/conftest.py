@@ -8,8 +8,6 @@ import sys
 
 import pytest
 
-import nanovha.mla_mfa  # noqa: F401 (attn="mla" and "mfa" registered for every test, as every command has them)
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ("the king and queen shall speak of love and war , my lord ; what light through yonder "
          "window breaks ? it is the east and juliet is the sun . to be or not to be").split()
@@ -107,3 +105,9 @@ def last_iter(out):
 TINY_MODEL = ["--n_layer=2", "--n_embd=32", "--n_head=4", "--n_kv_head=2", "--block_size=32", "--batch_size=8",
               "--eval_iters=2", "--log_interval=1", "--warmup_iters=5", "--learning_rate=3e-3", "--device=cpu",
               "--dtype=float32"]  # fp32 on every CPU: the tests of other dtypes give theirs after it
+
+
+def pytest_configure(config):
+    """attn="mla" and "mfa" registered for every test, as every command has them (here, not at import: scripts'
+    tests import conftest in subprocesses that must not load torch)."""
+    import nanovha.mla_mfa  # noqa: F401
