@@ -12,8 +12,8 @@ for keys whose default is None (a value derived later) and for the keys in `opti
 values). The settings come back as a dict whose `.given` names the keys a config file or a flag set (to any value,
 the default's included), so a resumed run can tell "left alone" from "asked for".
 
-Limits are data, checked in the same call: a tuple of the allowed values, or a `Limit` (at_least(1), between(1, 2**20)
-or one of your own): its text for the message and the test it runs. Some numbers are checked for every
+Limits are data, checked in the same call: a tuple of the allowed values, a `Limit` (at_least(1), at_most(2**20) or
+one of your own: its text for the message and the test it runs) or a list of limits that must all hold. Some numbers are checked for every
 script, so no script can forget them (COMMON_LIMITS): a float must be finite (1e999 parses to inf), a seed must fit
 0..2^63-1, a thread count must not be negative, a generation must stay under MAX_GENERATION positions.
 sweep.py, ablate.py and uptrain.py make the same call through experiments.parse_command, whose --smoke / --quick
@@ -56,9 +56,9 @@ def at_least(low):
     return Limit(f">= {low}", lambda v: v >= low)
 
 
-def between(low, high, why=""):
-    """low <= value <= high; why (optional) says where the range comes from."""
-    return Limit(f"in {low}..{high}{why}", lambda v: low <= v <= high)
+def at_most(high, why=""):
+    """value <= high; why (optional) says where the bound comes from."""
+    return Limit(f"<= {high}{why}", lambda v: v <= high)
 
 
 # what --dtype may name, in every command that takes one (auto: the machine's choice; float64: training and tests)
@@ -70,12 +70,15 @@ MAX_GENERATION = 2**20
 # checked for every script that has the key (a script's own limit for the key replaces it)
 COMMON_LIMITS = {"seed": Limit("in 0..2^63-1", lambda v: 0 <= v <= SEED_MAX), "threads": at_least(0),
                  "jobs": at_least(1),
-                 **{k: between(1, MAX_GENERATION, " (its tokens and KV cache are allocated up front)")
+                 **{k: [at_least(1), at_most(MAX_GENERATION, " (its tokens and KV cache are allocated up front)")]
                     for k in ("max_new_tokens", "gen_tokens", "plan_tokens")}}
 
 
 def limit_problem(key, value, limit):
-    """Why value breaks its limit (a Limit or a tuple of the allowed values), or None. None passes a Limit."""
+    """Why value breaks its limit (a Limit, a tuple of the allowed values or a list of limits that must all hold),
+    or None. None passes a Limit."""
+    if isinstance(limit, list):
+        return next(filter(None, (limit_problem(key, value, one) for one in limit)), None)
     if isinstance(limit, tuple) and not isinstance(limit, Limit):
         return None if value in limit else f"{key} must be one of {', '.join(map(str, limit))}, got {value!r}"
     if value is None or limit.ok(value):
