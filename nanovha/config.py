@@ -12,10 +12,11 @@ for keys whose default is None (a value derived later) and for the keys in `opti
 values). The settings come back as a dict whose `.given` names the keys a config file or a flag set (to any value,
 the default's included), so a resumed run can tell "left alone" from "asked for".
 
-Limits are data, checked in the same call: a tuple of the allowed values, a `Limit` (at_least(1), at_most(2**20) or
-one of your own: its text for the message and the test it runs) or a list of limits that must all hold. Some numbers are checked for every
-script, so no script can forget them (COMMON_LIMITS): a float must be finite (1e999 parses to inf), a seed must fit
-0..2^63-1, a thread count must not be negative, a generation must stay under MAX_GENERATION positions.
+Limits are data, checked in the same call: a tuple of the allowed values, a `Limit` (at_least(1), at_most(2**20)
+or one of your own: its text for the message and the test it runs) or a list of limits that must all hold. Some
+numbers are checked for every script, so no script can forget them (COMMON_LIMITS): a float must be finite (1e999
+parses to inf), a seed must fit 0..2^63-1, a thread count must not be negative, a generation must stay under
+MAX_GENERATION positions.
 sweep.py, ablate.py and uptrain.py make the same call through experiments.parse_command, whose --smoke / --quick
 sizes are config files too (config/<script>/<size>.py).
 """

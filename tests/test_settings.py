@@ -20,7 +20,8 @@ CASES = [  # (command, flags (OUT: a fresh folder under tmp_path; FILE: a config
     ("train.py", ["--DATA_ROOT=/tmp"], "unknown config key 'DATA_ROOT'"),  # an imported constant is not a key
     ("sample.py", ["--temperature=1e999"], "config key 'temperature' must be a finite number, got inf"),
     ("sample.py", [f"--seed={2**64}"], f"seed must be in 0..2^63-1, got {2**64}"),
-    ("sample.py", [f"--max_new_tokens={BIG}"], f"max_new_tokens must be <= {2**20} (its tokens and KV cache are allocated up front)"),
+    ("sample.py", [f"--max_new_tokens={BIG}"],
+     f"max_new_tokens must be <= {2**20} (its tokens and KV cache are allocated up front), got {BIG}"),
     ("bench.py", ["--threads=-1"], "threads must be >= 0, got -1"),
     ("bench.py", [f"--seed={2**63}"], "seed must be in 0..2^63-1"),
     ("bench.py", ["--PAPER_VOCAB=5"], "unknown config key 'PAPER_VOCAB'"),
