@@ -39,7 +39,7 @@ replan = False  # CPU: measure the plan again rather than use the one kept for t
 fold = True  # a VHA checkpoint decodes as the GQA model it folds into (exact, as fold.py proves; the same weights as
 # its ckpt_folded.pt, so the same plan, package and text); False: premix and postmix run as trained
 RUNTIMES = {"auto": ("compiled", "eager"), "True": ("compiled",), "False": ("eager",)}
-LIMITS = {"num_samples": at_least(1), "temperature": at_least(0), "top_k": at_least(1),
+LIMITS = {"num_samples": at_least(1), "max_new_tokens": at_least(1), "temperature": at_least(0), "top_k": at_least(1),
           "dtype": DTYPES[:-1], "compile": ("auto", "True", "False")}  # no float64 decode
 config = settings(flat_defaults(globals()), sys.argv[1:], optional={"top_k": int}, limits=LIMITS)  # top_k None: all
 globals().update(config)

@@ -65,14 +65,14 @@ def at_most(high, why=""):
 # what --dtype may name, in every command that takes one (auto: the machine's choice; float64: training and tests)
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 SEED_MAX = 2**63 - 1  # torch's generators take any 64-bit seed; a run derives others from it, so keep one bit free
-# the longest generation a command takes: its token ids and KV cache are allocated up front (a million positions
-# of a small model is a few GB; sample.py checks its model's exact cache against this machine's memory)
+# the longest generation fold.py and the scripts take: its token ids and KV cache are allocated up front (a million
+# positions of a small model is a few GB; sample.py checks its model's exact cache against this machine's memory)
 MAX_GENERATION = 2**20
 # checked for every script that has the key (a script's own limit for the key replaces it)
 COMMON_LIMITS = {"seed": Limit("in 0..2^63-1", lambda v: 0 <= v <= SEED_MAX), "threads": at_least(0),
                  "jobs": at_least(1),
                  **{k: [at_least(1), at_most(MAX_GENERATION, " (its tokens and KV cache are allocated up front)")]
-                    for k in ("max_new_tokens", "gen_tokens", "plan_tokens")}}
+                    for k in ("gen_tokens", "plan_tokens")}}
 
 
 def limit_problem(key, value, limit):
