@@ -6,7 +6,8 @@ A script keeps them as flat module-level defaults (lowercase names it assigns it
     globals().update(config)
 
 where argv holds config files (`config/vha_small.py`, plain Python assignments) and `--key=value`
-overrides, applied left to right. An unknown key (an imported constant such as DATA_ROOT is not a key), a missing
+overrides, applied left to right (a command that tests import and call, like fold.py, makes the same call in its
+main(argv)). An unknown key (an imported constant such as DATA_ROOT is not a key), a missing
 or broken file or a value of the wrong type is an error, never a silent no-op. One rule for None: it is a value only
 for keys whose default is None (a value derived later) and for the keys in `optional` (key -> the type of its other
 values). The settings come back as a dict whose `.given` names the keys a config file or a flag set (to any value,
@@ -130,7 +131,10 @@ def own_names(namespace):
         return None
     targets = [t for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
-    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    while any(isinstance(t, (ast.Tuple, ast.List, ast.Starred)) for t in targets):  # a, b = ...: both names
+        targets = [e for t in targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List))
+                                                else [t.value] if isinstance(t, ast.Starred) else [t])]
+    return {t.id for t in targets if isinstance(t, ast.Name)}  # not x[k] = ... nor x.y = ...
 
 
 def flat_defaults(namespace):
