@@ -114,11 +114,11 @@ def settings_problems(path):
     called = [getattr(n.func, "id", getattr(n.func, "attr", "")) for n in ast.walk(tree) if isinstance(n, ast.Call)]
     problems = [] if called.count("settings") + called.count("parse_command") == 1 else [
         f"{path}: {called.count('settings') + called.count('parse_command')} settings() calls, not one"]
-    problems += [f"{path}: calls configure() around settings()"] * ("configure" in called)
+    problems += [f"{path}: calls configure(), not settings()"] * ("configure" in called)
     tables = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
-    problems += [f"{path}: settings kept in {name}, not as flat defaults" for name in tables & {"DEFAULTS", "SIZES",
-                                                                                              "KNOBS"}]
-    problems += [f"{path}:{v.lineno}: the limit {v.value!r} is text; write at_least(1), above(0), ... (config.py)"
+    tables &= {"DEFAULTS", "SIZES", "KNOBS"}
+    problems += [f"{path}: settings kept in {name}, not as flat defaults" for name in tables]
+    problems += [f"{path}:{v.lineno}: the limit {v.value!r} is text; write at_least(1), at_most(9), ... (config.py)"
                  for n in ast.walk(tree) if isinstance(n, ast.Dict) for v in n.values
                  if isinstance(v, ast.Constant) and isinstance(v.value, str) and LIMIT_TEXT.match(v.value)]
     return problems

@@ -60,7 +60,7 @@ def test_a_bad_number_is_one_line_before_any_write(command, flags, expected, tmp
     assert sorted(os.listdir(ROOT)) == top
 
 
-LIMIT_CASES = [  # (limit, value, the problem or None): limits are data (a Limit or a tuple), never eval'd text
+LIMIT_CASES = [  # (limit, value, the problem or None): limits are data (a Limit, tuple or list), never eval'd text
     (at_least(1), 0, "k must be >= 1, got 0"),
     (at_least(1), 1, None),
     (at_least(1), None, None),  # None: "derive the default", checked where it is derived
