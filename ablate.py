@@ -22,34 +22,32 @@ from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, parse_primary,
                                  primary_lines, pyplot, read_json, run_all, same_run, t_crit, train, write_json)
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha.config import at_least
 
 # -----------------------------------------------------------------------------
-DEFAULTS = dict(
-    device="auto", seed=1337,
-    jobs=1, threads=0,  # jobs: runs at once; threads: CPU threads per run (0: torch's default)
-    # LM grid: runs/<variant>/seed<N>/ + results.json, results.csv, report.md, ablate.png
-    out_root="out-ablate", variants="all",
-    n_seeds=3,  # seeds seed, seed+1, ...: each gives every variant the same batches
-    lm_iters=500, batch_size=16, block_size=256, gradient_accumulation_steps=1, warmup_iters=50, eval_interval=125,
-    eval_iters=20, log_interval=10,
-    config_dir="",  # "": config/vha_small.py + config/ablations/<variant>.py; else <config_dir>/vha.py + <variant>.py
-    model_args="",  # extra train.py overrides for every variant, e.g. "--n_layer=2 --n_embd=32"
-    lm_dataset="shakespeare_char", lm_data_dir="",  # lm_data_dir: any folder with train.bin/val.bin/meta.pkl
-    dtype="",  # "": keep config/vha_small.py's (auto: bf16 where native, else fp32)
-    primary="",  # a plan's comparisons, e.g. "vha-gqa_same_deploy": val loss, Holm-corrected over these
-)
-SIZES = {  # presets; the same budget for every variant
-    "smoke": dict(out_root="out-ablate-smoke", variants="vha", n_seeds=1, lm_iters=4, batch_size=4, block_size=64,
-                  warmup_iters=1, eval_interval=2, eval_iters=1, log_interval=1, model_args="--n_layer=1 --n_embd=32",
-                  device="cpu", dtype="float32", threads=1),
-    "quick": dict(out_root="out-ablate-quick", variants="gqa_4x_cache,gqa_same_deploy,vha", n_seeds=2, lm_iters=200,
-                  block_size=128, warmup_iters=20, eval_interval=50, eval_iters=10, jobs=2, threads=1),
-    "full": {},
-    # one GPU: config/fineweb's 120M twins, 2.52B tokens each (the budget's arithmetic is in config/fineweb/vha.py)
-    "gpu": dict(out_root="out-ablate-gpu", variants="gqa_4x_cache,gqa_same_deploy,vha", config_dir="config/fineweb",
-                lm_dataset="fineweb_edu", n_seeds=2, lm_iters=4800, batch_size=32, block_size=1024,
-                gradient_accumulation_steps=16, warmup_iters=200, eval_interval=250, eval_iters=50, log_interval=10),
-}
+# defaults (overridden by --smoke / --quick / --size=gpu, i.e. config/ablate/<size>.py, then by --key=value)
+device = "auto"
+seed = 1337
+jobs = 1  # runs at once
+threads = 0  # CPU threads per run (0: torch's default)
+out_root = "out-ablate"  # LM grid: runs/<variant>/seed<N>/ + results.json, results.csv, report.md, ablate.png
+variants = "all"
+n_seeds = 3  # seeds seed, seed+1, ...: each gives every variant the same batches
+# the same budget for every variant
+lm_iters = 500
+batch_size = 16
+block_size = 256
+gradient_accumulation_steps = 1
+warmup_iters = 50
+eval_interval = 125
+eval_iters = 20
+log_interval = 10
+config_dir = ""  # "": config/vha_small.py + config/ablations/<variant>.py; else <config_dir>/vha.py + <variant>.py
+model_args = ""  # extra train.py overrides for every variant, e.g. "--n_layer=2 --n_embd=32"
+lm_dataset = "shakespeare_char"
+lm_data_dir = ""  # any folder with train.bin/val.bin/meta.pkl
+dtype = ""  # "": keep config/vha_small.py's (auto: bf16 where native, else fp32)
+primary = ""  # a plan's comparisons, e.g. "vha-gqa_same_deploy": val loss, Holm-corrected over these
 # "vha" is config/vha_small.py alone; the rest add config/ablations/<name>.py
 VARIANTS = ("gqa_4x_cache", "gqa_same_deploy", "gqa_half_q", "vha", "premix_only", "postmix_only",
             "silu_postmix", "rank4", "rank8", "mla", "mfa")
@@ -71,10 +69,8 @@ PAPER_SAYS_BETTER = {("vha", "silu_postmix"): 1, ("vha", "mla"): 1}  # direction
 
 def parse_args(argv):
     """[command] [--smoke|--quick|--full|--size=NAME] [--key=value ...] -> (command, config)."""
-    command, cfg = parse_command(argv, ("run", "report"), DEFAULTS, SIZES)
+    command, cfg = parse_command(argv, ("run", "report"), globals(), {"n_seeds": at_least(1)})
     cfg["variant_list"] = choose_variants(cfg["variants"], VARIANTS)
-    if min(cfg["n_seeds"], cfg["jobs"]) < 1:
-        sys.exit("error: n_seeds and jobs must be >= 1")
     cfg["primary_list"] = parse_primary(cfg["primary"], cfg["variant_list"])
     return command, cfg
 

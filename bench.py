@@ -17,7 +17,7 @@ from contextlib import nullcontext
 import torch
 
 import nanovha.mla_mfa  # noqa: F401 (registers attn="mla" and "mfa")
-from nanovha.config import ConfigError, config_file_values, flat_defaults, need, settings
+from nanovha.config import ConfigError, at_least, config_file_values, flat_defaults, need, settings
 from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.hardware import compile_counters, gpu_spec, interleaved, print_table, verdict
 from model import GPT, GPTConfig
@@ -44,14 +44,13 @@ compile = False
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
 # -----------------------------------------------------------------------------
-globals().update(settings(flat_defaults(globals()), sys.argv[1:]))
+LIMITS = {**{k: at_least(1) for k in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size", "vha_kv_head",
+                                     "batch_size", "block_size", "train_steps")},
+          "warmup": at_least(0), "dtype": ("float32", "bfloat16")}  # bfloat16: autocast
+globals().update(settings(flat_defaults(globals()), sys.argv[1:], limits=LIMITS))
 
 
 device_type = device.split(":")[0]
-for key in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size", "vha_kv_head", "batch_size", "block_size",
-            "train_steps"):
-    need(globals()[key] >= 1, f"{key} must be >= 1, got {globals()[key]}")
-need(warmup >= 0, f"warmup must be >= 0, got {warmup}")
 ptdtype = getattr(torch, dtype, None)
 if threads:
     torch.set_num_threads(threads)
@@ -68,7 +67,6 @@ def build(**kw):
 
 # ----------------------------------------------------------------------------- training throughput
 def run_train():
-    need(dtype in ("float32", "bfloat16"), f"train mode runs float32 or bfloat16 (autocast), got {dtype!r}")
     need(vha_kv_head != 8, "train mode compares VHA with GQA-8 and same-deploy GQA: vha_kv_head must not be 8")
     kinds = {"vha": dict(attn="vha", n_kv_head=vha_kv_head), "gqa8": dict(n_kv_head=8),
              f"gqa{vha_kv_head}": dict(n_kv_head=vha_kv_head)}

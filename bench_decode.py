@@ -26,7 +26,7 @@ from model import GPT, GPTConfig, fold_to_gqa
 from nanovha import llamacpp
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.compiled_decode import compiled_decode, default_folder
-from nanovha.config import flat_defaults, need, settings, stop_if
+from nanovha.config import DTYPES, at_least, flat_defaults, need, settings, stop_if
 from nanovha.costs import kv_bytes_per_token
 from nanovha.kernels import decode_attention, sdpa, use_decode_layout
 from nanovha.hardware import choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, matmul_peak
@@ -67,7 +67,12 @@ compile_cache = ""  # where AOTInductor packages are kept ("": $NANOVHA_CACHE/co
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
 # -----------------------------------------------------------------------------
-globals().update(settings(flat_defaults(globals()), sys.argv[1:], optional={"prefill_max": int}))
+LIMITS = {**{k: at_least(1) for k in ("decode_steps", "prefill_repeats", "block_size", "copy_mib", "matmul_n",
+                                     "n_layer", "n_embd", "head_dim", "n_head", "vocab_size", "vha_kv_head",
+                                     "batch_size", "prefill_max")},
+          "warmup": at_least(0), "dtype": DTYPES, "decode_impl": ("auto", "grouped", "sdpa"),
+          "compile": ("auto", "aot", "graphs", "off"), "weight_layout": ("out_in", "in_out")}
+globals().update(settings(flat_defaults(globals()), sys.argv[1:], optional={"prefill_max": int}, limits=LIMITS))
 device_type = device.split(":")[0]
 shape = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
              head_dim=head_dim)
@@ -88,16 +93,7 @@ def resolve_auto(device_type, decode_impl, prefill_max, compile):
 
 
 decode_impl, prefill_max, compile = resolve_auto(device_type, decode_impl, prefill_max, compile)
-need(dtype in ("auto", "float32", "bfloat16", "float16", "float64"),
-     f"dtype must be auto, float32, bfloat16, float16 or float64, got {dtype!r}")
-need(decode_impl in ("grouped", "sdpa"), f"decode_impl must be auto, grouped or sdpa, got {decode_impl!r}")
-need(compile in ("aot", "graphs", "off"), f"compile must be auto, aot, graphs or off, got {compile!r}")
 need(compile != "aot" or device_type == "cpu", f"compile=aot builds a CPU package; on {device_type} use graphs or off")
-need(weight_layout in ("out_in", "in_out"), f"weight_layout must be out_in or in_out, got {weight_layout!r}")
-for key in ("decode_steps", "prefill_repeats", "block_size", "copy_mib", "matmul_n", "n_layer", "n_embd", "head_dim",
-            "n_head", "vocab_size", "vha_kv_head", "batch_size", "prefill_max"):
-    need(globals()[key] >= 1, f"{key} must be >= 1, got {globals()[key]}")
-need(warmup >= 0, f"warmup must be >= 0, got {warmup}")
 if threads:
     torch.set_num_threads(threads)
 if compile == "graphs":

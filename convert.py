@@ -36,7 +36,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from nanovha.config import flat_defaults, settings, stop_if
+from nanovha.config import at_least, flat_defaults, settings, stop_if
 from data.common import load_tokenizer, read_bin
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, model_from_state, save_checkpoint
 from nanovha.outputs import Busy, clobber_problem, holding, writable_problem
@@ -65,8 +65,9 @@ seed = 1337
 device = "cpu"
 overwrite = False  # True: replace an existing out_dir/out_name (never the source or the calibration file)
 defaults = flat_defaults(globals())
-LIMITS = {"n_kv_head": ">= 1", "premix_fit": ("weights", "activations"), "physical": ("first", "best", "fit"),
-          "ridge": ">= 0", "postmix_rank": ">= 0", "calib_batches": ">= 1", "batch_size": ">= 1", "calib_len": ">= 2"}
+LIMITS = {"n_kv_head": at_least(1), "premix_fit": ("weights", "activations"), "physical": ("first", "best", "fit"),
+          "ridge": at_least(0), "postmix_rank": at_least(0), "calib_batches": at_least(1), "batch_size": at_least(1),
+          "calib_len": at_least(2)}
 # -----------------------------------------------------------------------------
 
 

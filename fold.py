@@ -28,7 +28,7 @@ from model import fold_to_gqa
 from nanovha import llamacpp
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nanovha.compiled_decode import default_folder
-from nanovha.config import flat_defaults, settings
+from nanovha.config import at_least, flat_defaults, settings
 from nanovha.costs import kv_bytes_per_token
 from nanovha.generate import generate
 from nanovha.gguf import GGUF_DTYPES, gguf_export_problem, write_gguf
@@ -55,8 +55,7 @@ compile_cache = ""  # where compiled packages and plans are kept ("": $NANOVHA_C
 plan_tokens = 500  # the generation the decode plan is timed for (sample.py's default max_new_tokens)
 replan = False  # measure the decode plan again even if one is kept for this shape and machine
 defaults = flat_defaults(globals())
-LIMITS = {"eval_batches": ">= 1", "batch_size": ">= 1", "gen_tokens": ">= 1",
-          "gguf_dtype": GGUF_DTYPES}
+LIMITS = {"eval_batches": at_least(1), "batch_size": at_least(1), "gguf_dtype": GGUF_DTYPES}
 # -----------------------------------------------------------------------------
 
 

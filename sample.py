@@ -16,7 +16,7 @@ from data.common import load_tokenizer
 from model import fold_to_gqa
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.compiled_decode import default_folder
-from nanovha.config import flat_defaults, settings, stop_if
+from nanovha.config import DTYPES, at_least, flat_defaults, settings, stop_if
 from nanovha.costs import kv_bytes_per_token
 from nanovha.generate import generate
 from nanovha.hardware import choose_decode_dtype, memory_problem
@@ -41,8 +41,8 @@ replan = False  # CPU: measure the plan again rather than use the one kept for t
 fold = True  # a VHA checkpoint decodes as the GQA model it folds into (exact, as fold.py proves; the same weights as
 # its ckpt_folded.pt, so the same plan, package and text); False: premix and postmix run as trained
 RUNTIMES = {"auto": ("compiled", "eager"), "True": ("compiled",), "False": ("eager",)}
-LIMITS = {"num_samples": ">= 1", "max_new_tokens": ">= 1", "temperature": ">= 0", "top_k": ">= 1",
-          "dtype": ("auto", "float32", "bfloat16", "float16"), "compile": ("auto", "True", "False")}
+LIMITS = {"num_samples": at_least(1), "max_new_tokens": at_least(1), "temperature": at_least(0), "top_k": at_least(1),
+          "dtype": DTYPES[:-1], "compile": ("auto", "True", "False")}  # no float64 decode
 config = settings(flat_defaults(globals()), sys.argv[1:], optional={"top_k": int}, limits=LIMITS)  # top_k None: all
 globals().update(config)
 torch.manual_seed(seed)

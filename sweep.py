@@ -32,35 +32,33 @@ from nanovha.experiments import (area, choose_variants, clopper_pearson, fmt, fm
                                  same_run, steps_to, train, write_json)
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from data.recall import tasks
+from nanovha.config import SEED_MAX, at_least
 from model import fold_to_gqa
 
 # -----------------------------------------------------------------------------
-DEFAULTS = dict(
-    # seeds 200, 201, ...: the recipe was chosen on 100-109;
-    # tiny models: two runs at a time, one thread each, use 2 cores best
-    device="auto", seed=200, jobs=2, threads=1,
-    # runs/<point>/<variant>/seed<N>/ + sweep.json, sweep.csv, sweep.md, sweep.png
-    sweep_root="out-sweep", sweep_seeds=10, task="mqar",
-    sweep_variants="all",  # or a comma list of SWEEP_VARIANTS
-    task_args="",  # task knobs for every point, e.g. "n_pairs=16,gap=0" (data/recall/tasks.py DEFAULTS)
-    points="n_keys=64,n_values=64;n_keys=128,n_values=128",  # ';' between points; a point may also set n_head, head_dim
-    sweep_iters=1500, curriculum_iters=750, sweep_eval_interval=25, n_val=512,
-    sweep_batch_size=0,  # rows per step for every point; 0: the recipe's, 64 rows up to 64 keys and 128 above
-    stop_at_acc=0.99,  # a run stops at its first eval with this held-out accuracy; its curve stays there afterwards
-    sweep_model_args="",  # extra train.py overrides for every sweep run
-    success=0.9,  # a run "succeeds" when its final held-out accuracy reaches this
-    primary="",  # a plan's comparisons, e.g. "vha-gqa2,mha-gqa2": AUC at the first point, Holm-corrected over these
-    robust_variants="mha,gqa4,gqa2", robust_seeds=5, robust_point=-1,  # python sweep.py robust: index into points
-)
-SIZES = {
-    "smoke": dict(sweep_root="out-sweep-smoke", sweep_variants="gqa2,vha", sweep_seeds=2,
-                  points="n_keys=16,n_values=16",
-                  task_args="n_pairs=4", sweep_iters=6, curriculum_iters=3, sweep_batch_size=8, sweep_eval_interval=3,
-                  n_val=16, sweep_model_args="--n_layer=1 --n_embd=16 --warmup_iters=1", device="cpu",
-                  robust_seeds=1, robust_variants="gqa2"),
-    "quick": dict(sweep_root="out-sweep-quick", sweep_variants="mha,gqa2,mqa,vha", sweep_seeds=2),
-    "full": {},
-}
+# defaults (overridden by --smoke / --quick, i.e. config/sweep/<size>.py, then by --key=value)
+device = "auto"
+seed = 200  # seeds 200, 201, ...: the recipe was chosen on 100-109
+jobs = 2  # tiny models: two runs at a time, one thread each, use 2 cores best
+threads = 1
+sweep_root = "out-sweep"  # runs/<point>/<variant>/seed<N>/ + sweep.json, sweep.csv, sweep.md, sweep.png
+sweep_seeds = 10
+task = "mqar"
+sweep_variants = "all"  # or a comma list of SWEEP_VARIANTS
+task_args = ""  # task knobs for every point, e.g. "n_pairs=16,gap=0" (data/recall/tasks.py DEFAULTS)
+points = "n_keys=64,n_values=64;n_keys=128,n_values=128"  # ';' between points; a point may also set n_head, head_dim
+sweep_iters = 1500
+curriculum_iters = 750
+sweep_eval_interval = 25
+n_val = 512
+sweep_batch_size = 0  # rows per step for every point; 0: the recipe's, 64 rows up to 64 keys and 128 above
+stop_at_acc = 0.99  # a run stops at its first eval with this held-out accuracy; its curve stays there afterwards
+sweep_model_args = ""  # extra train.py overrides for every sweep run
+success = 0.9  # a run "succeeds" when its final held-out accuracy reaches this
+primary = ""  # a plan's comparisons, e.g. "vha-gqa2,mha-gqa2": AUC at the first point, Holm-corrected over these
+robust_variants = "mha,gqa4,gqa2"  # python sweep.py robust: these variants ...
+robust_seeds = 5
+robust_point = -1  # ... at this point (an index into points)
 # train.py overrides on config/recall_mqar.py, for H query heads of dim d (8 and 8 unless a point sets n_head /
 # head_dim). mla and mfa get GQA-2's cache: 2 x 2 x d values per layer per token.
 SWEEP_VARIANTS = {
@@ -94,17 +92,19 @@ ROBUSTNESS = {
 MODEL_KNOBS = ("n_head", "head_dim", "n_embd", "n_layer")  # what a sweep point may set besides task knobs
 RECIPE_ROWS = (64, 64, 128)  # rows per step unless --sweep_batch_size: (rows, up to this many keys, rows above)
 LEVELS = (0.5, 0.9, 0.99)  # learning speed: steps to these held-out accuracies
+LIMITS = {k: at_least(1) for k in ("sweep_seeds", "robust_seeds", "jobs", "n_val", "sweep_eval_interval")}
 # -----------------------------------------------------------------------------
 
 
 def parse_args(argv):
-    command, cfg = parse_command(argv, ("run", "report", "robust", "robust-report"), DEFAULTS, SIZES)
+    command, cfg = parse_command(argv, ("run", "report", "robust", "robust-report"), globals(), LIMITS)
     cfg["variant_list"] = choose_variants(cfg["sweep_variants"], SWEEP_VARIANTS)
     cfg["robust_list"] = choose_variants(cfg["robust_variants"], SWEEP_VARIANTS)
-    if min(cfg["sweep_seeds"], cfg["robust_seeds"], cfg["jobs"], cfg["n_val"], cfg["sweep_eval_interval"]) < 1:
-        sys.exit("error: sweep_seeds, robust_seeds, jobs, n_val and sweep_eval_interval must be >= 1")
     if cfg["sweep_batch_size"] < 0:
         sys.exit(f"error: sweep_batch_size={cfg['sweep_batch_size']}: give rows per step >= 1, or 0 for the recipe's")
+    if cfg["seed"] + max(cfg["sweep_seeds"], cfg["robust_seeds"]) - 1 > SEED_MAX:
+        sys.exit(f"error: seed={cfg['seed']}: its runs take seeds up to seed + sweep_seeds - 1, past 2^63-1; "
+                 f"lower --seed")
     cfg["point_list"] = parse_points(cfg)
     cfg["primary_list"] = parse_primary(cfg["primary"], cfg["variant_list"])
     if not -len(cfg["point_list"]) <= cfg["robust_point"] < len(cfg["point_list"]):

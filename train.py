@@ -34,7 +34,7 @@ from nanovha.health import vha_health
 from nanovha.outputs import hold
 from nanovha.peers import PeerWatch, start_ddp
 from nanovha.plan import train_plan
-from nanovha.preflight import (RESUME_KEYS, TOKENIZER_FIX, cut_log, disk_problem, knob_problem, prepare_out_dir,
+from nanovha.preflight import (TOKENIZER_FIX, cut_log, disk_problem, knob_problem, lr_schedule, prepare_out_dir,
                                start_checkpoint, teacher_problem, vocab_mismatch, warmup_problem)
 
 # -----------------------------------------------------------------------------
@@ -109,23 +109,34 @@ replan = False  # CPU, dtype auto: time fp32 against bf16 again rather than use 
 compile = None  # None: on for CUDA, off elsewhere (hardware.choose_compile)
 ddp_timeout = 600  # DDP: seconds a process waits for the others in a collective (a hung peer) before it stops
 # -----------------------------------------------------------------------------
+# the configuration, settled once: defaults <- config files <- --key=value (each checked in one line) <- the
+# checkpoint of a run that starts from one (its model; a resume also keeps its seed, data and warm-up settings)
 defaults = flat_defaults(globals())
 optional = {"head_dim": int, "mlp_hidden": int, "vha_postmix_rank": int, "lr_decay_iters": int, "min_lr": float,
             "compile": bool}
 config = settings(defaults, sys.argv[1:], optional)  # device "auto" -> what this machine has
+model_fields = [f.name for f in dataclasses.fields(GPTConfig) if f.name in config]  # the knobs GPTConfig takes
+ckpt_path, log_path = os.path.join(config["out_dir"], "ckpt.pt"), os.path.join(config["out_dir"], "log.jsonl")
+stop_if(knob_problem(config, model_fields))  # one line each
+stop_if(warmup_problem(config, ckpt_path))
+ckpt, model = None, None
+if config["init_from"] != "scratch":  # read the checkpoint first: a bad one fails before any data is prepared
+    try:
+        ckpt, model = start_checkpoint(config, defaults, model_fields, ckpt_path)  # config: + the settings it keeps
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        sys.exit(f"error: {e}")
 globals().update(config)
 # -----------------------------------------------------------------------------
-# the knobs above that GPTConfig takes
-model_fields = [f.name for f in dataclasses.fields(GPTConfig) if f.name in config]
-if lr_decay_iters is None:
-    lr_decay_iters = max_iters
-if min_lr is None:
-    min_lr = learning_rate / 10
-ckpt_path, log_path = os.path.join(out_dir, "ckpt.pt"), os.path.join(out_dir, "log.jsonl")
+# derived values, computed once from the settled configuration
+lr_decay_iters, min_lr = lr_schedule(config)  # None: max_iters and learning_rate / 10
 resuming = init_from == "resume"
-stop_if(knob_problem({**config, "lr_decay_iters": lr_decay_iters, "min_lr": min_lr}, model_fields))  # one line each
-stop_if(warmup_problem(config, ckpt_path))
+model_args = ckpt["model_args"] if ckpt else None  # a scratch run's: once the data gives the vocab size
+block_size = model.cfg.block_size if ckpt else block_size  # a new run from a checkpoint may shorten it
 iter_num, best_val_loss, elapsed_before, saved_iter = 0, float("inf"), 0.0, None
+if resuming:  # where the run stopped
+    iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
+    saved_iter = iter_num
+data_dir = data_dir or os.path.join(DATA_ROOT, dataset)
 
 
 def kept(saved):
@@ -180,18 +191,7 @@ if master and wandb_log:  # no login or no package: one line now, not after the 
         lock.close()  # a folder this run created is removed again (it is still empty)
         sys.exit(f"error: --wandb_log=True, but wandb cannot start ({type(e).__name__}: {first}); "
                  f"run `wandb login`, set WANDB_MODE=offline, or drop --wandb_log")
-ckpt, teacher_model = None, None
-if init_from != "scratch":  # read the checkpoint first: a bad one fails before any data is prepared
-    try:
-        ckpt, model = start_checkpoint(config, defaults, model_fields, ckpt_path)  # config: + the warm-up it keeps
-    except (FileNotFoundError, ImportError, ValueError) as e:
-        sys.exit(f"error: {e}")
-    globals().update({k: config[k] for k in RESUME_KEYS})  # a resumed run: the checkpoint's seed, data, warm-up
-    accum_per_rank = gradient_accumulation_steps // world_size
-    model_args, block_size = ckpt["model_args"], model.cfg.block_size
-    if resuming:
-        iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
-        saved_iter = iter_num
+teacher_model = None
 if teacher:  # the teacher's logits on the same batches, in eval mode without gradients
     try:
         teacher_model, teacher_meta = load_teacher(teacher, device,
@@ -200,7 +200,6 @@ if teacher:  # the teacher's logits on the same batches, in eval mode without gr
         sys.exit(f"error: cannot load teacher={teacher}: {e}")
 
 # data: uint16/uint32 token bins (text) or a row spec + held-out rows (data/recall), and meta.pkl; prepared on first use
-data_dir = data_dir or os.path.join(DATA_ROOT, dataset)
 try:
     if master:
         models = [(ckpt and ckpt.get("meta"), f"the checkpoint {init_from}"),
@@ -231,7 +230,8 @@ def get_batch(split, generator, frac=1.0):
 def rng(it, micro):
     """The generator of global micro-step `micro` of iteration `it`: the same on 1 or N processes."""
     # (torch's CPU generator keeps the low 32 bits of a seed, so the stream offset must live there too)
-    return torch.Generator().manual_seed(seed * 1_000_003 + it * 4099 + micro + data_stream * 2_654_435_761)
+    # (mod 2^64: the generator takes 64 bits, and seeds up to 2^63-1 would overflow it; smaller ones are unchanged)
+    return torch.Generator().manual_seed((seed * 1_000_003 + it * 4099 + micro + data_stream * 2_654_435_761) % 2**64)
 
 
 # model

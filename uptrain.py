@@ -34,38 +34,40 @@ import time
 
 import torch
 
+from nanovha.config import COMMON_LIMITS, at_least
 from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, parse_primary,
                                  primary_lines, read_json, run_all, run_script, same_run, t_crit, train, write_json)
 
 # -----------------------------------------------------------------------------
-DEFAULTS = dict(
-    device="auto", jobs=1, threads=0,  # jobs: runs at once; threads: CPU threads per run (0: torch's default)
-    out_root="out-uptrain",  # teacher/, converted/{vha,gqa}/, runs/<variant>/seed<N>/, report.md, results.json
-    dataset="shakespeare_char", data_dir="",  # data_dir: any folder with train.bin/val.bin/meta.pkl
-    teacher_iters=1200, teacher_seed=1337,  # the demo's budget; the teacher's seed is not one of the warm-up seeds
-    seed=0, n_seeds=5,  # warm-up and scratch seeds seed .. seed+n_seeds-1
-    variants="all",  # or a comma list of VARIANTS: the runs to make (teacher_eval always)
-    primary="",  # a plan's comparisons, e.g. "vha_fit_warm_kd-vha_warm_kd": val loss, Holm-corrected over these
-    # warm-up iters = warmup_frac * teacher_iters; the first freeze_frac of them frozen
-    warmup_frac=0.1, freeze_frac=0.25,
-    long_warmup_frac=0.5,  # the *_long warm-ups (distilled): how far a longer warm-up closes the gap to the scratch VHA
-    distill_alpha=0.7, distill_temperature=1.0,
-    # the warm-up schedule, the same for every variant: chosen for the GQA baseline's uptraining (the demo's lr / 3,
-    # a short linear warmup, cosine to lr / 10) and NOT tuned on VHA (nor on GQA: it is a guess, not a sweep)
-    uptrain_lr=2e-3 / 3, uptrain_warmup_iters=10,
-    batch_size=16, block_size=256, eval_iters=20, evals=4, log_interval=10,  # evals: evals per run after iteration 0
-    # extra train.py overrides for the teacher and the scratch runs (the warm-ups take the checkpoint's shape)
-    model_args="",
-    dtype="",  # "": config/vha_small.py's auto (fp32 where bf16 would be emulated)
-)
-SIZES = {
-    "smoke": dict(out_root="out-uptrain-smoke", teacher_iters=30, n_seeds=2, batch_size=4, block_size=64, eval_iters=2,
-                  evals=1, log_interval=1, uptrain_warmup_iters=1, model_args="--n_layer=1 --n_embd=32", device="cpu",
-                  dtype="float32", jobs=2, threads=1),
-    "quick": dict(out_root="out-uptrain-quick", teacher_iters=300, n_seeds=2, block_size=128, eval_iters=10,
-                  uptrain_warmup_iters=3, jobs=2, threads=1),
-    "full": {},
-}
+# defaults (overridden by --smoke / --quick, i.e. config/uptrain/<size>.py, then by --key=value)
+device = "auto"
+jobs = 1  # runs at once
+threads = 0  # CPU threads per run (0: torch's default)
+out_root = "out-uptrain"  # teacher/, converted/{vha,gqa}/, runs/<variant>/seed<N>/, report.md, results.json
+dataset = "shakespeare_char"
+data_dir = ""  # any folder with train.bin/val.bin/meta.pkl
+teacher_iters = 1200  # the demo's budget
+teacher_seed = 1337  # not one of the warm-up seeds
+seed = 0  # warm-up and scratch seeds seed .. seed+n_seeds-1
+n_seeds = 5
+variants = "all"  # or a comma list of VARIANTS: the runs to make (teacher_eval always)
+primary = ""  # a plan's comparisons, e.g. "vha_fit_warm_kd-vha_warm_kd": val loss, Holm-corrected over these
+warmup_frac = 0.1  # warm-up iters = warmup_frac * teacher_iters ...
+freeze_frac = 0.25  # ... the first freeze_frac of them frozen
+long_warmup_frac = 0.5  # the *_long warm-ups (distilled): how far a longer warm-up closes the gap to the scratch VHA
+distill_alpha = 0.7
+distill_temperature = 1.0
+# the warm-up schedule, the same for every variant: chosen for the GQA baseline's uptraining (the demo's lr / 3,
+# a short linear warmup, cosine to lr / 10) and NOT tuned on VHA (nor on GQA: it is a guess, not a sweep)
+uptrain_lr = 2e-3 / 3
+uptrain_warmup_iters = 10
+batch_size = 16
+block_size = 256
+eval_iters = 20
+evals = 4  # evals per run after iteration 0
+log_interval = 10
+model_args = ""  # extra train.py overrides for the teacher and the scratch runs (warm-ups take the checkpoint's shape)
+dtype = ""  # "": config/vha_small.py's auto (fp32 where bf16 would be emulated)
 CONVERSIONS = {  # converted/<name>/: convert.py's arguments (besides --src, --out_dir and --n_kv_head=2)
     "vha": ["--to=vha"],  # the physical query heads are the teacher's group 0
     "vha_fit": ["--to=vha", "--physical=fit"],  # physical heads and premix fitted together (convert.py)
@@ -83,6 +85,7 @@ SCRATCH = {  # variant: (config files, full budget? else the warm-up's)
 VARIANTS = ("teacher_eval", *WARM, *SCRATCH)
 TEACHER_FILES = ["config/vha_small.py", "config/ablations/gqa_4x_cache.py"]
 # (first, second, what is compared, metric): Δ = first - second, per seed
+LIMITS = {**{k: at_least(1) for k in ("n_seeds", "teacher_iters", "evals")}, "teacher_seed": COMMON_LIMITS["seed"]}
 COMPARISONS = [
     ("vha_scratch_full", "gqa_scratch_full", "from scratch, full budget: VHA vs same-deploy GQA (the paper's claim)",
      "val_loss"),
@@ -117,13 +120,11 @@ COMPARISONS = [
 
 def parse_args(argv):
     """[command] [--smoke|--quick|--full] [--key=value ...] -> (command, config with the derived budgets)."""
-    command, cfg = parse_command(argv, ("run", "report"), DEFAULTS, SIZES)
+    command, cfg = parse_command(argv, ("run", "report"), globals(), LIMITS)
     # the teacher's eval on each seed's batches always runs: every gap to the teacher needs it
     cfg["variant_list"] = ["teacher_eval"] + [v for v in choose_variants(cfg["variants"], VARIANTS)
                                               if v != "teacher_eval"]
     cfg["primary_list"] = parse_primary(cfg["primary"], cfg["variant_list"])
-    if min(cfg["n_seeds"], cfg["jobs"], cfg["teacher_iters"], cfg["evals"]) < 1:
-        sys.exit("error: n_seeds, jobs, teacher_iters and evals must be >= 1")
     if not (0 < cfg["warmup_frac"] <= 1 and 0 <= cfg["freeze_frac"] <= 1):
         sys.exit(f"error: warmup_frac={cfg['warmup_frac']} must be in (0, 1] and freeze_frac={cfg['freeze_frac']} "
                  "in [0, 1]")

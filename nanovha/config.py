@@ -1,22 +1,31 @@
 """
-nanoGPT's "poor man's configurator", made strict. Every script keeps its settings as flat module-level
-defaults and reads them in one block:
+nanoGPT's "poor man's configurator", made strict: the one way every command and script takes its settings.
+A script keeps them as flat module-level defaults (lowercase names it assigns itself) and reads them in one call:
 
-    defaults = flat_defaults(globals())
-    config = settings(defaults, sys.argv[1:], optional={"head_dim": int})
+    config = settings(flat_defaults(globals()), sys.argv[1:], optional={"head_dim": int}, limits={"top_k": at_least(1)})
     globals().update(config)
 
 where argv holds config files (`config/vha_small.py`, plain Python assignments) and `--key=value`
-overrides, applied left to right. An unknown key, a missing or broken file or a value of the wrong
-type is an error, never a silent no-op. One rule for None: it is a value only for keys whose default
-is None (a value derived later) and for the keys in `optional` (key -> the type of its other values).
-The settings come back as a dict whose `.given` names the keys a config file or a flag set (to any value, the
-default's included), so a resumed run can tell "left alone" from "asked for". `limits` (key -> a range such as
-">= 1", "> 0", ">= 0 and < 1", or a tuple of the allowed values) are checked in the same block.
+overrides, applied left to right (a command that tests import and call, like fold.py, makes the same call in its
+main(argv)). An unknown key (an imported constant such as DATA_ROOT is not a key), a missing
+or broken file or a value of the wrong type is an error, never a silent no-op. One rule for None: it is a value only
+for keys whose default is None (a value derived later) and for the keys in `optional` (key -> the type of its other
+values). The settings come back as a dict whose `.given` names the keys a config file or a flag set (to any value,
+the default's included), so a resumed run can tell "left alone" from "asked for".
+
+Limits are data, checked in the same call: a tuple of the allowed values, a `Limit` (at_least(1), at_most(2**20)
+or one of your own: its text for the message and the test it runs) or a list of limits that must all hold. Some
+numbers are checked for every script, so no script can forget them (COMMON_LIMITS): a float must be finite (1e999
+parses to inf), a seed must fit 0..2^63-1, a thread count must not be negative, a generation must stay under
+MAX_GENERATION positions.
+sweep.py, ablate.py and uptrain.py make the same call through experiments.parse_command, whose --smoke / --quick
+sizes are config files too (config/<script>/<size>.py).
 """
 import ast
+import math
 import os
 import sys
+from typing import Callable, NamedTuple
 
 
 class ConfigError(ValueError):
@@ -39,14 +48,44 @@ class Assignments(dict):
         super().__setitem__(key, value)
 
 
+class Limit(NamedTuple):
+    """A range a number must lie in: `text` as the message says it (">= 1"), `ok` the test (value -> bool)."""
+    text: str
+    ok: Callable
+
+
+def at_least(low):
+    return Limit(f">= {low}", lambda v: v >= low)
+
+
+def at_most(high, why=""):
+    """value <= high; why (optional) says where the bound comes from."""
+    return Limit(f"<= {high}{why}", lambda v: v <= high)
+
+
+# what --dtype may name, in every command that takes one (auto: the machine's choice; float64: training and tests)
+DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
+SEED_MAX = 2**63 - 1  # torch's generators take any 64-bit seed; a run derives others from it, so keep one bit free
+# the longest generation fold.py and the scripts take: its token ids and KV cache are allocated up front (a million
+# positions of a small model is a few GB; sample.py checks its model's exact cache against this machine's memory)
+MAX_GENERATION = 2**20
+# checked for every script that has the key (a script's own limit for the key replaces it)
+COMMON_LIMITS = {"seed": Limit("in 0..2^63-1", lambda v: 0 <= v <= SEED_MAX), "threads": at_least(0),
+                 "jobs": at_least(1),
+                 **{k: [at_least(1), at_most(MAX_GENERATION, " (its tokens and KV cache are allocated up front)")]
+                    for k in ("gen_tokens", "plan_tokens")}}
+
+
 def limit_problem(key, value, limit):
-    """Why value breaks its limit (">= 1", "> 0", ">= 0 and < 1", or a tuple of allowed values), or None."""
-    if isinstance(limit, tuple):
+    """Why value breaks its limit (a Limit, a tuple of the allowed values or a list of limits that must all hold),
+    or None. None passes a Limit."""
+    if isinstance(limit, list):
+        return next(filter(None, (limit_problem(key, value, one) for one in limit)), None)
+    if isinstance(limit, tuple) and not isinstance(limit, Limit):
         return None if value in limit else f"{key} must be one of {', '.join(map(str, limit))}, got {value!r}"
-    if value is None:
+    if value is None or limit.ok(value):
         return None
-    ok = all(eval(f"value {part}", {}, {"value": value}) for part in limit.split(" and "))
-    return None if ok else f"{key} must be {limit}, got {value!r}"
+    return f"{key} must be {limit.text}, got {value!r}"
 
 
 def _check_type(key, value, default, optional):
@@ -64,6 +103,8 @@ def _check_type(key, value, default, optional):
     elif isinstance(default, float):
         ok = isinstance(value, (int, float))
         value = float(value) if ok else value
+        if ok and not math.isfinite(value):  # 1e999 parses to inf and would pass every range
+            raise ConfigError(f"config key {key!r} must be a finite number, got {value!r}")
     else:
         ok = isinstance(value, type(default))
     if not ok:
@@ -81,10 +122,28 @@ def _parse_value(text):
         return text
 
 
+def own_names(namespace):
+    """The names a script's file assigns at its top level (not what it imports), or None without a readable file."""
+    try:
+        with open(namespace["__file__"]) as f:
+            tree = ast.parse(f.read())
+    except (KeyError, OSError, SyntaxError):
+        return None
+    targets = [t for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+               for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+    while any(isinstance(t, (ast.Tuple, ast.List, ast.Starred)) for t in targets):  # a, b = ...: both names
+        targets = [e for t in targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List))
+                                                else [t.value] if isinstance(t, ast.Starred) else [t])]
+    return {t.id for t in targets if isinstance(t, ast.Name)}  # not x[k] = ... nor x.y = ...
+
+
 def flat_defaults(namespace):
-    """A script's settings: its module-level ints, floats, bools, strings and Nones (names not starting with _)."""
+    """A script's settings: the ints, floats, bools, strings and Nones it assigns at its top level under a lowercase
+    name not starting with _ (an imported constant such as DATA_ROOT, or a TABLE, is not a setting)."""
+    own = own_names(namespace)
     return {k: v for k, v in namespace.items()
-            if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
+            if k.islower() and not k.startswith("_") and (own is None or k in own)
+            and isinstance(v, (int, float, bool, str, type(None)))}
 
 
 def settings(defaults, argv, optional=None, limits=None):
@@ -92,8 +151,8 @@ def settings(defaults, argv, optional=None, limits=None):
     resolved to this machine's; a bad setting exits in one line (`error: ...`)."""
     try:
         config = configure(defaults, argv, optional)
-        for key, limit in (limits or {}).items():
-            if problem := limit_problem(key, config[key], limit):
+        for key, limit in {**COMMON_LIMITS, **(limits or {})}.items():
+            if key in config and (problem := limit_problem(key, config[key], limit)):
                 raise ConfigError(problem)
         if "device" in config:
             config["device"] = resolve_device(config["device"])

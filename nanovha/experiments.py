@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from nanovha.config import settings
+from nanovha.config import flat_defaults, settings
 from nanovha.checkpoint import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: the scripts run from there
@@ -30,8 +30,10 @@ T_80 = (1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879, 0.
         0.865, 0.863, 0.862, 0.861, 0.860, 0.859, 0.858, 0.858, 0.857, 0.856, 0.856, 0.855, 0.855, 0.854, 0.854)
 
 
-def parse_command(argv, commands, defaults, sizes):
-    """[command] [--smoke|--quick|--full|--size=NAME] [--key=value ...] -> (command, config with 'size')."""
+def parse_command(argv, commands, namespace, limits=None):
+    """[command] [--smoke|--quick|--full|--size=NAME] [--key=value ...] -> (command, config with 'size'). namespace:
+    the script's globals, whose flat defaults are its settings; a size other than full is the config file
+    config/<script>/<size>.py, applied before the --key=value overrides."""
     argv = list(argv)
     command = argv.pop(0) if argv and not argv[0].startswith("--") else commands[0]
     if command not in commands:
@@ -43,9 +45,12 @@ def parse_command(argv, commands, defaults, sizes):
             size = a.split("=", 1)[1] if "=" in a else a[2:]
         else:
             rest.append(a)
+    presets = os.path.join(ROOT, "config", os.path.splitext(os.path.basename(namespace["__file__"]))[0])
+    sizes = ["full", *sorted(os.path.splitext(f)[0] for f in os.listdir(presets) if f.endswith(".py"))]
     if size not in sizes:
         sys.exit(f"error: unknown size {size!r}: use {', '.join(sizes)}")
-    cfg = settings({**defaults, **sizes[size]}, rest)
+    files = [] if size == "full" else [os.path.join(presets, f"{size}.py")]
+    cfg = settings(flat_defaults(namespace), files + rest, limits=limits)
     cfg["size"] = size
     return command, cfg
 

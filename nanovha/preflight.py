@@ -12,6 +12,7 @@ from data.common import hf_tokenizer_sha256
 from data.recall import tasks as recall_tasks
 from model import GPTConfig
 from nanovha.checkpoint import load_checkpoint, load_start, model_from_checkpoint, start_path
+from nanovha.config import DTYPES
 
 TOKENIZER_FIX = ("prepare the data with the model's tokenizer (a Hugging Face model: "
                  "data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer=FOLDER; docs/convert.md#warm-up)")
@@ -21,9 +22,16 @@ RESUME_KEYS = (*WARMUP_KEYS, "seed", "data_stream", "paired_init", "dataset", "d
                "gradient_accumulation_steps", "curriculum_iters", "curriculum_mode")
 
 
+def lr_schedule(c):
+    """train.py's (lr_decay_iters, min_lr), a None replaced by its default (max_iters, learning_rate / 10)."""
+    decay, low = c["lr_decay_iters"], c["min_lr"]
+    return (c["max_iters"] if decay is None else decay), (c["learning_rate"] / 10 if low is None else low)
+
+
 def knob_problem(c, model_fields):
     """The first bad setting among train.py's knobs, or None. model_fields: the knobs GPTConfig takes; a scratch run's
     bad head/rank/width combination fails here, before any data is prepared."""
+    c = dict(c, **dict(zip(("lr_decay_iters", "min_lr"), lr_schedule(c))))
     positive = ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval", "eval_iters",
                 "log_interval", "ddp_timeout")
     checks = [(f"{k} must be >= 1, got {c[k]}", c[k] >= 1) for k in positive] + [
@@ -41,8 +49,7 @@ def knob_problem(c, model_fields):
          c["curriculum_mode"] in recall_tasks.CURRICULUM_MODES),
         (f"need 0 <= stop_at_acc <= 1 and data_stream >= 0, got {c['stop_at_acc']}, {c['data_stream']}",
          0 <= c["stop_at_acc"] <= 1 and c["data_stream"] >= 0),
-        (f"dtype must be auto, float32, bfloat16, float16 or float64, got {c['dtype']!r}",
-         c["dtype"] in ("auto", "float32", "bfloat16", "float16", "float64")),
+        (f"dtype must be {', '.join(DTYPES[:-1])} or {DTYPES[-1]}, got {c['dtype']!r}", c["dtype"] in DTYPES),
     ]
     problem = next((msg for msg, ok in checks if not ok), None)
     if problem is None and c["init_from"] == "scratch":

@@ -24,7 +24,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from nanovha.config import flat_defaults, settings  # noqa: E402 (the repo root first)
+from nanovha.config import at_least, flat_defaults, settings  # noqa: E402 (the repo root first)
 from nanovha.hardware import cpu_bf16_support, cpu_kind  # noqa: E402
 
 train_iters = 100
@@ -35,8 +35,8 @@ contexts = "1024,4096,16384"
 busy_fold = False  # run fold.py beside a CPU-bound process (a busy loop on one core)
 bench = True  # part 3 (bench_decode.py against llama.cpp); False: parts 1 and 2 only
 work_dir = ""  # "": a fresh temporary folder (runs and cache), removed by the system later
-config = settings(flat_defaults(globals()), sys.argv[1:], limits={"train_iters": ">= 1", "gen_tokens": ">= 1",
-                                                                   "samples": ">= 1", "rounds": ">= 1"})
+config = settings(flat_defaults(globals()), sys.argv[1:], limits={"train_iters": at_least(1), "samples": at_least(1),
+                                                                   "rounds": at_least(1)})
 globals().update(config)
 
 

@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from model import GPT, GPTConfig  # noqa: E402
-from nanovha.config import flat_defaults, settings  # noqa: E402
+from nanovha.config import at_least, flat_defaults, settings  # noqa: E402
 from nanovha.kernels import use_decode_layout  # noqa: E402
 from nanovha.plan import random_context  # noqa: E402
 
@@ -82,7 +82,7 @@ def run_lever():
 
 
 if __name__ == "__main__":
-    globals().update(settings(flat_defaults(globals()), sys.argv[1:]))
+    globals().update(settings(flat_defaults(globals()), sys.argv[1:], limits={"threads": at_least(1)}))
     torch.set_num_threads(threads)
     if lever:
         run_lever()

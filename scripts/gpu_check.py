@@ -33,7 +33,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from nanovha.config import ConfigError, configure  # noqa: E402
+from nanovha.config import at_least, flat_defaults, settings  # noqa: E402
 from nanovha.gpu_plan import (DRY_RUN_SCALE, PLAN, SECTIONS, TOTAL_S, budget_problem, counters_line,  # noqa: E402
                               decode_graphs, decode_lines, describe, over_plan, section_limits,
                               toolchain_lines, train_lines)
@@ -51,8 +51,7 @@ section_s = ""  # other limits for a rerun, e.g. "smoke:200,train:150" (the plan
 only = ""  # internal: run this one section in this process
 deadline = 0.0  # internal: the section's end, seconds since the epoch
 # -----------------------------------------------------------------------------
-KNOBS = ("dry_run", "sections", "report_dir", "data_dir", "total_s", "smoke_iters", "decode_variants", "contexts",
-         "section_s", "only", "deadline")
+defaults = flat_defaults(globals())  # the knobs above
 SECTION_S = section_limits("")  # the plan's; --section_s changes some
 TITLES = dict(preflight="1. preflight: versions, the device, what the compiled sections need",
               correctness="2. correctness: bf16 on every timed path vs a float64 reference",
@@ -465,7 +464,7 @@ def run_one(name):
 
 if __name__ == "__main__":
     try:
-        globals().update(configure({k: globals()[k] for k in KNOBS}, sys.argv[1:]))
+        globals().update(settings(defaults, sys.argv[1:], limits={"smoke_iters": at_least(1), "total_s": at_least(1)}))
         report_dir, data_dir = os.path.abspath(report_dir), data_dir and os.path.abspath(data_dir)  # run in ROOT
         internal = ("--only=", "--deadline=", "--report_dir=", "--data_dir=")
         given = [a for a in sys.argv[1:] if not a.startswith(internal)]
@@ -477,7 +476,7 @@ if __name__ == "__main__":
             raise ValueError(problem)
         if dry_run:  # the budget above is the GPU's; a CPU gets more time for the same sections
             SECTION_S, total_s = {k: DRY_RUN_SCALE * v for k, v in SECTION_S.items()}, DRY_RUN_SCALE * total_s
-    except (ConfigError, ValueError) as e:
+    except ValueError as e:
         sys.exit(f"error: {e}")
     device = "cpu" if dry_run else "cuda"
     if only:

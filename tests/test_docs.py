@@ -103,6 +103,38 @@ def test_lines_fit_in_120_characters():
     assert not wide, f"lines over 120 characters: {wide}"
 
 
+LIMIT_TEXT = re.compile(r"^\s*(>=|<=|>|<|==|!=)\s*-?\d")  # ">= 1": a limit written as text (eval'd)
+
+
+def settings_problems(path):
+    """Why a command or script does not take its settings the one way (nanovha/config.py: flat lowercase defaults,
+    one settings() call, or experiments.parse_command's, limits as data), as a list."""
+    tree = ast.parse(open(os.path.join(ROOT, path)).read())
+    if "argparse" in imports_of(path):  # allowed where it cannot import nanovha/, if the docstring says why
+        return [] if "argparse" in (ast.get_docstring(tree) or "") else [f"{path}: argparse, and no line saying why"]
+    called = [getattr(n.func, "id", getattr(n.func, "attr", "")) for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    problems = [] if called.count("settings") + called.count("parse_command") == 1 else [
+        f"{path}: {called.count('settings') + called.count('parse_command')} settings() calls, not one"]
+    problems += [f"{path}: calls configure(), not settings()"] * ("configure" in called)
+    tables = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    tables &= {"DEFAULTS", "SIZES", "KNOBS"}
+    problems += [f"{path}: settings kept in {name}, not as flat defaults" for name in tables]
+    problems += [f"{path}:{v.lineno}: the limit {v.value!r} is text; write at_least(1), at_most(9), ... (config.py)"
+                 for n in ast.walk(tree) if isinstance(n, ast.Dict) for v in n.values
+                 if isinstance(v, ast.Constant) and isinstance(v.value, str) and LIMIT_TEXT.match(v.value)]
+    return problems
+
+
+def test_every_command_and_script_takes_its_settings_one_way():
+    """CONTRIBUTING.md: every command and script has flat overridable defaults and one settings() call with its limits
+    as data (the size presets of sweep, ablate and uptrain are config files); config.py evals no limit."""
+    scripts = [*SCRIPTS, *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "scripts", "*.py")))]
+    problems = [p for path in dict.fromkeys(scripts) for p in settings_problems(path)]
+    assert not problems, problems
+    config = ast.parse(open(os.path.join(ROOT, "nanovha", "config.py")).read())
+    assert "eval" not in {getattr(n.func, "id", "") for n in ast.walk(config) if isinstance(n, ast.Call)}
+
+
 def imports_of(path):
     tree = ast.parse(open(os.path.join(ROOT, path)).read())
     return {(a.name if isinstance(node, ast.Import) else node.module or "").split(".")[0]

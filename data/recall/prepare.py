@@ -4,6 +4,7 @@ Training rows are not stored: train.py generates each batch from the spec and it
 stream, at the difficulty its curriculum has reached, so there is no file to outgrow and resume stays exact.
 
 python data/recall/prepare.py [--task mqar] [--n_pairs 16 --n_keys 128 --gap 0 ...] [--n_val 512] [--out_dir DIR]
+Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ (CONTRIBUTING.md).
 """
 import argparse, os, pickle, sys
 import numpy as np

@@ -10,6 +10,7 @@ python data/shakespeare_mc/prepare.py            # writes shakespeare_mc.jsonl n
 lm_eval --model hf --model_args pretrained=hf-vha-small --tasks shakespeare_mc --include_path data/shakespeare_mc
 
 shakespeare_mc.yaml loads the jsonl with load_docs below (lm-eval's custom_dataset): no hub, from any directory.
+Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ (CONTRIBUTING.md).
 """
 import argparse, hashlib, json, os, pickle, random, re, sys
 

@@ -5,6 +5,7 @@ drawn with Zipf weights and each closed by <|endoftext|>. Inside a phrase every 
 that learns bigrams takes the loss from ln 50257 = 10.8 to well under 1 nat: a fall that shows the path learns.
 
 python data/synthetic/prepare.py [--out_dir DIR] [--train_tokens 2097152] [--seed 0]
+Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ (CONTRIBUTING.md).
 """
 import argparse, os, sys
 import numpy as np

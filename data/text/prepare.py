@@ -5,6 +5,7 @@ Files are joined with a blank line in the order given; the first 90% of the text
 python data/text/prepare.py --input a.txt [b.txt ...] --out_dir data/mytext --tokenizer char|gpt2
 python data/text/prepare.py --input a.txt --out_dir data/mytext_qwen3 --tokenizer hf --hf_tokenizer Qwen3-0.6B
 (hf: the tokenizer of a Hugging Face model folder, offline; ids above 65,535 are written as uint32)
+Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ (CONTRIBUTING.md).
 """
 import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
