@@ -20,7 +20,7 @@ import torch
 
 from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, parse_primary,
                                  primary_lines, pyplot, read_json, run_all, same_run, t_crit, train, write_json)
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha.loading import load_model
 
 # -----------------------------------------------------------------------------
 DEFAULTS = dict(
@@ -112,7 +112,7 @@ def run_lm(cfg, job):
     rows, note = train(cfg, run_dir, args, cfg["lm_iters"])
     evals = [r for r in rows if "val_loss" in r]
     speed = [r["tok_per_s"] for r in rows if "tok_per_s" in r][1:] or [r["tok_per_s"] for r in rows if "tok_per_s" in r]
-    model = model_from_checkpoint(load_checkpoint(os.path.join(run_dir, "ckpt.pt")))
+    model = load_model(run_dir)[0]
     res = {"variant": variant, "seed": seed, "args": args, "iters": cfg["lm_iters"], "block_size": cfg["block_size"],
            "tokens": tokens_per_run(cfg), "val_loss": evals[-1]["val_loss"],
            "train_loss": evals[-1]["train_loss"], "curve": [[r["tokens"], r["val_loss"]] for r in evals],

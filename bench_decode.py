@@ -24,12 +24,12 @@ import torch
 
 from model import GPT, GPTConfig, fold_to_gqa, grouped_decode_attention, sdpa, split_kv_attention
 from nanovha import llamacpp
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.compiled_decode import compiled_decode, default_folder
 from nanovha.config import flat_defaults, need, settings, stop_if
 from nanovha.hardware import choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, matmul_peak
 from nanovha.hardware import interleaved as interleaved_on, memory_problem, print_table, timed as timed_on, verdict
 from nanovha.decode_plot import plot_decode
+from nanovha.loading import load_model
 from nanovha.plan import decode_plan, random_context
 
 # -----------------------------------------------------------------------------
@@ -160,9 +160,10 @@ def decode_models():
     need(ckpt or "ckpt" not in variants.split(","), "variant 'ckpt' needs --ckpt=PATH")
     if ckpt:
         try:
-            real, meta = model_from_checkpoint(loaded := load_checkpoint(ckpt)), loaded.get("meta")
-        except (FileNotFoundError, ValueError) as e:
-            need(False, f"{ckpt}: {e}")
+            real, loaded = load_model(ckpt)
+        except (FileNotFoundError, ImportError, ValueError) as e:
+            need(False, str(e))
+        meta = loaded.get("meta")
         c = real.cfg
         shape.update({k: getattr(c, k) for k in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "head_dim",
                                                   "mlp_hidden", "rope_theta", "qk_norm", "tie_embeddings")})

@@ -29,7 +29,7 @@ import torch
 from nanovha.experiments import (area, choose_variants, clopper_pearson, fmt, fmt_paired, load_results, mcnemar, mde,
                                  paired, parse_command, parse_primary, primary_lines, pyplot, read_json, ROOT, run_all,
                                  same_run, steps_to, train, write_json)
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha.loading import load_model
 from data.recall import tasks
 from model import fold_to_gqa
 
@@ -206,7 +206,7 @@ def run_one(cfg, job):
     t0 = time.time()
     rows, note = train(cfg, run_dir, args, cfg["sweep_iters"])
     curve = [[r["iter"], r["val_acc"]] for r in rows if "val_acc" in r]
-    model = model_from_checkpoint(load_checkpoint(os.path.join(run_dir, "ckpt.pt")))
+    model = load_model(run_dir)[0]
     res = {"point": point[0], "variant": variant, "seed": seed, "args": args, "spec": point[1],
            "iters": cfg["sweep_iters"], "acc": curve[-1][1],
            "exact": [r["val_exact"] for r in rows if "val_exact" in r][-1], "curve": curve,

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from nanovha.config import settings
-from nanovha.checkpoint import load_checkpoint
+from nanovha.loading import load_start
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: the scripts run from there
 # two-sided 5% critical values of Student's t for df = 1..30 (beyond 30 the df=30 value: slightly conservative)
@@ -96,7 +96,7 @@ def train(cfg, run_dir, args, iters):
     trained, resume, note = False, [], ""
     if os.path.exists(ckpt_path):
         try:
-            step = load_checkpoint(ckpt_path)["iter_num"]
+            step = load_start(ckpt_path)["iter_num"]
             trained = step >= iters or any(r.get("stopped") and r["iter"] == step for r in read_log(run_dir))
             resume = [] if trained else ["--init_from=resume"]  # train.py continues exactly
             note = "trained before, " if trained else f"resumed at step {step}, "

@@ -140,3 +140,77 @@ def test_a_missing_optional_package_fails_under_ci_and_skips_elsewhere(monkeypat
     with pytest.raises(pytest.skip.Exception):
         optional("no_such_package_here")
     assert "export CI=true" in open(os.path.join(ROOT, ".ci", "run")).read()
+
+
+def nanovha_imports(path):
+    """The nanovha modules a file imports, at module level or inside a function: 'nanovha.x', 'from nanovha.x
+    import y' and 'from nanovha import x' all name x."""
+    found = set()
+    for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("nanovha.")}
+        elif isinstance(node, ast.ImportFrom) and node.module == "nanovha":
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nanovha."):
+            found.add(node.module.split(".")[1])
+    return found
+
+
+def import_cycle(graph):
+    """A cycle of graph (module -> the modules it imports) as a list [a, b, ..., a], or None."""
+    state = {}  # module -> "open" while on the current path, "done" after
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt, path + [nxt])):
+                return cycle
+        state[node] = "done"
+        return None
+    return next((c for m in sorted(graph) if m not in state and (c := visit(m, [m]))), None)
+
+
+@pytest.mark.parametrize("graph, cycle", [
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+    ({"a": {"b"}, "b": {"a"}}, ["a", "b", "a"]),
+    ({"a": {"b"}, "b": {"c"}, "c": {"b"}}, ["b", "c", "b"]),
+], ids=["chain", "pair", "behind-a-chain"])
+def test_import_cycle_finds_cycles(graph, cycle):
+    assert import_cycle(graph) == cycle
+
+
+def test_nanovha_has_no_import_cycle():
+    """CONTRIBUTING.md: the modules of nanovha/ import each other without cycles, function-level imports included
+    (an import inside a function is a cycle postponed, not one avoided)."""
+    files = glob.glob(os.path.join(ROOT, "nanovha", "*.py"))
+    graph = {os.path.basename(p)[:-3]: nanovha_imports(os.path.relpath(p, ROOT)) for p in files}
+    assert graph["loading"] >= {"checkpoint", "qwen3"}  # the graph is read, not empty
+    assert import_cycle(graph) is None, f"import cycle in nanovha/: {' -> '.join(import_cycle(graph))}"
+
+
+LOW_LEVEL_LOADERS = {"model_from_checkpoint", "load_checkpoint"}  # nanovha/checkpoint.py's, under load_model
+
+
+def test_commands_and_scripts_load_through_load_model():
+    """One way to load: outside nanovha/ (and tests/), code loads a model with nanovha.loading.load_model, never by
+    pairing checkpoint.load_checkpoint with model_from_checkpoint (each pair grew its own way of resolving a path)."""
+    direct = []
+    for path in python_files():
+        if path.startswith(("nanovha", "tests")):
+            continue
+        for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read())):
+            names = ({a.name for a in node.names} if isinstance(node, ast.ImportFrom)
+                     else {node.attr} if isinstance(node, ast.Attribute)
+                     else {node.id} if isinstance(node, ast.Name) else set())
+            direct += [f"{path}:{node.lineno} {n}" for n in names & LOW_LEVEL_LOADERS]
+    assert not direct, f"load with nanovha.loading.load_model instead: {direct}"
+    loaders = [p for p in python_files() if not p.startswith(("nanovha", "tests")) and "load_model" in imports_named(p)]
+    assert {"sample.py", "fold.py", "convert.py", "bench_decode.py", "scripts/recall_probe.py"} <= set(loaders)
+
+
+def imports_named(path):
+    """Every name a file imports with 'from X import name'."""
+    return {a.name for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read()))
+            if isinstance(node, ast.ImportFrom) for a in node.names}

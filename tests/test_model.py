@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanovha.checkpoint import fuse_projections, split_projections
+from nanovha.qwen3 import fuse_projections, split_projections
 from nanovha.health import vha_health
 from model import GPT, GPTConfig, grouped_decode_attention, plain_attention, rope_cos_sin
 
