@@ -35,33 +35,33 @@ DEFAULTS = dict(
     model_args="",  # extra train.py overrides for every variant, e.g. "--n_layer=2 --n_embd=32"
     lm_dataset="shakespeare_char", lm_data_dir="",  # lm_data_dir: any folder with train.bin/val.bin/meta.pkl
     dtype="",  # "": keep config/vha_small.py's (auto: bf16 where native, else fp32)
-    primary="",  # a plan's comparisons, e.g. "vha-gqa_same_deploy": val loss, Holm-corrected over these
+    primary="",  # a plan's comparisons, e.g. "vha-gqa2": val loss, Holm-corrected over these
 )
 SIZES = {  # presets; the same budget for every variant
     "smoke": dict(out_root="out-ablate-smoke", variants="vha", n_seeds=1, lm_iters=4, batch_size=4, block_size=64,
                   warmup_iters=1, eval_interval=2, eval_iters=1, log_interval=1, model_args="--n_layer=1 --n_embd=32",
                   device="cpu", dtype="float32", threads=1),
-    "quick": dict(out_root="out-ablate-quick", variants="gqa_4x_cache,gqa_same_deploy,vha", n_seeds=2, lm_iters=200,
+    "quick": dict(out_root="out-ablate-quick", variants="gqa8,gqa2,vha", n_seeds=2, lm_iters=200,
                   block_size=128, warmup_iters=20, eval_interval=50, eval_iters=10, jobs=2, threads=1),
     "full": {},
     # one GPU: config/fineweb's 120M twins, 2.52B tokens each (the budget's arithmetic is in config/fineweb/vha.py)
-    "gpu": dict(out_root="out-ablate-gpu", variants="gqa_4x_cache,gqa_same_deploy,vha", config_dir="config/fineweb",
+    "gpu": dict(out_root="out-ablate-gpu", variants="gqa8,gqa2,vha", config_dir="config/fineweb",
                 lm_dataset="fineweb_edu", n_seeds=2, lm_iters=4800, batch_size=32, block_size=1024,
                 gradient_accumulation_steps=16, warmup_iters=200, eval_interval=250, eval_iters=50, log_interval=10),
 }
-# "vha" is config/vha_small.py alone; the rest add config/ablations/<name>.py
-VARIANTS = ("gqa_4x_cache", "gqa_same_deploy", "gqa_half_q", "vha", "premix_only", "postmix_only",
+# nanovha/variants.py's names: "vha" is config/vha_small.py alone; the rest add config/ablations/<name>.py
+VARIANTS = ("gqa8", "gqa2", "gqa2_half_q", "vha", "premix_only", "postmix_only",
             "silu_postmix", "rank4", "rank8", "mla", "mfa")
 # The paper's table (VHA.md: 1.7B, 50B tokens, 8-task zero-shot average). Our rank 4/8 stand in for its 32/128.
-PAPER = {"gqa_4x_cache": ("GQA 16Q/8KV (4x cache)", 54.09), "gqa_same_deploy": ("GQA 16Q/2KV (same deploy)", 53.09),
-         "gqa_half_q": ("GQA 8Q/2KV (same projections)", 52.38), "vha": ("VHA (premix + postmix)", 54.50),
+PAPER = {"gqa8": ("GQA 16Q/8KV (4x cache)", 54.09), "gqa2": ("GQA 16Q/2KV (same deploy)", 53.09),
+         "gqa2_half_q": ("GQA 8Q/2KV (same projections)", 52.38), "vha": ("VHA (premix + postmix)", 54.50),
          "premix_only": ("premix only", 53.31), "postmix_only": ("postmix only", 53.95),
          "silu_postmix": ("SiLU postmix (lower, no number)", None), "rank4": ("postmix rank 32", 54.24),
          "rank8": ("postmix rank 128", 54.15), "mfa": ("MFA (1 KB cache)", 54.06),
          "mla": ("MLA (1 KB cache; lower than VHA on the paper's 30B MoE, no 1.7B number)", None)}
-COMPARISONS = [("vha", "gqa_same_deploy"), ("vha", "gqa_4x_cache"), ("vha", "gqa_half_q"),
-               ("gqa_4x_cache", "gqa_same_deploy"), ("gqa_same_deploy", "gqa_half_q"),
-               ("premix_only", "gqa_same_deploy"), ("postmix_only", "gqa_same_deploy"), ("vha", "premix_only"),
+COMPARISONS = [("vha", "gqa2"), ("vha", "gqa8"), ("vha", "gqa2_half_q"),
+               ("gqa8", "gqa2"), ("gqa2", "gqa2_half_q"),
+               ("premix_only", "gqa2"), ("postmix_only", "gqa2"), ("vha", "premix_only"),
                ("vha", "postmix_only"), ("vha", "rank4"), ("vha", "rank8"), ("vha", "silu_postmix"), ("vha", "mfa"),
                ("vha", "mla")]
 PAPER_SAYS_BETTER = {("vha", "silu_postmix"): 1, ("vha", "mla"): 1}  # directions without a 1.7B number

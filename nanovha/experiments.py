@@ -19,6 +19,7 @@ import numpy as np
 
 from nanovha.config import settings
 from nanovha.loading import load_start
+from nanovha.variants import RENAMED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: the scripts run from there
 # two-sided 5% critical values of Student's t for df = 1..30 (beyond 30 the df=30 value: slightly conservative)
@@ -54,8 +55,10 @@ def choose_variants(chosen, known):
     """'a,b' or 'all' -> the known variants named, in their canonical order."""
     names = list(known) if chosen == "all" else [v.strip() for v in chosen.split(",")]
     unknown = [v for v in names if v not in known]
+    renamed = [f"{v} is now {RENAMED[v]}" for v in unknown if v in RENAMED]  # ablate.py's old names
     if unknown:
-        sys.exit(f"error: unknown variant(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        sys.exit(f"error: unknown variant(s) {', '.join(unknown)}"
+                 f"{' (' + '; '.join(renamed) + ')' if renamed else ''}; known: {', '.join(known)}")
     return [v for v in known if v in names]
 
 

@@ -214,3 +214,46 @@ def imports_named(path):
     """Every name a file imports with 'from X import name'."""
     return {a.name for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read()))
             if isinstance(node, ast.ImportFrom) for a in node.names}
+
+
+VARIANT_TABLES = {"VARIANTS", "SWEEP_VARIANTS", "DECODE_VARIANTS", "COMPARISONS", "PAPER"}  # name -> or (a, b) pairs
+VARIANT_FLAG = re.compile(r"--(?:\w+_)?(variants|primary)=([\w,\-]+)")  # --variants=a,b; --primary=a-b,c-d
+
+
+def variant_names(path):
+    """Every variant name a command, script or doc uses: the values of --*variants= and --primary= flags, the comma
+    lists assigned to a *variants knob, and the names in the VARIANT_TABLES a command keeps (keys, items, pairs)."""
+    text = open(os.path.join(ROOT, path)).read()
+    commands = [s for s in re.split(r"`|\n\s*\n", text) if "uptrain.py" not in s]  # uptrain.py: its own procedures
+    names = {n for kind, value in VARIANT_FLAG.findall("\n".join(commands)) if value != "all"
+             for n in re.split(r"[,\-]" if kind == "primary" else ",", value) if n}
+    if not path.endswith(".py"):
+        return names
+    for node in ast.walk(ast.parse(text)):
+        pairs = ([(t.id, node.value) for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign)
+                 else [(node.arg, node.value)] if isinstance(node, ast.keyword) else [])
+        for target, value in pairs:
+            if target and target.lower().endswith("variants") and isinstance(value, ast.Constant) \
+                    and isinstance(value.value, str) and value.value != "all":
+                names |= set(value.value.split(","))
+            if target in VARIANT_TABLES:
+                items = value.keys if isinstance(value, ast.Dict) else getattr(value, "elts", [])
+                names |= {c.value for item in items for c in ast.walk(item)
+                          if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return names
+
+
+def test_variant_names_come_from_the_one_table():
+    """One name per variant: every command, script and doc names its attention variants from nanovha/variants.py
+    (uptrain.py's variants are procedures on two of them, not attention variants, and are its own)."""
+    from nanovha.variants import RENAMED, is_variant
+    files = [p for p in [*SCRIPTS, "scripts/cpu_report.py", *DOCS] if p != "uptrain.py"]
+    used = {p: variant_names(p) for p in files}
+    assert {"gqa2", "gqa8", "vha", "mla", "mfa", "premix_only"} <= used["ablate.py"] and "vha_folded" in used[
+        "bench_decode.py"] and "gqa2_half_q" in used["sweep.py"], used  # the tables are read, not missed
+    stray = {p: bad for p, names in used.items() if (bad := sorted(n for n in names if not is_variant(n)
+                                                                    and n != "ckpt"))}  # ckpt: bench_decode --ckpt
+    assert not stray, f"variant names not in nanovha/variants.py: {stray}"
+    retired = [f"{p}: {old}" for p in [*python_files(), *DOCS] if not p.startswith(("nanovha/variants", "tests"))
+               for old in RENAMED if old in open(os.path.join(ROOT, p)).read()]
+    assert not retired, f"renamed variants still named (nanovha/variants.py RENAMED): {retired}"
