@@ -21,7 +21,7 @@ import torch
 from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, parse_primary,
                                  primary_lines, pyplot, read_json, run_all, same_run, t_crit, train, write_json)
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha.loading import load_model
 from nanovha.config import at_least
 
 # -----------------------------------------------------------------------------
@@ -47,20 +47,20 @@ model_args = ""  # extra train.py overrides for every variant, e.g. "--n_layer=2
 lm_dataset = "shakespeare_char"
 lm_data_dir = ""  # any folder with train.bin/val.bin/meta.pkl
 dtype = ""  # "": keep config/vha_small.py's (auto: bf16 where native, else fp32)
-primary = ""  # a plan's comparisons, e.g. "vha-gqa_same_deploy": val loss, Holm-corrected over these
-# "vha" is config/vha_small.py alone; the rest add config/ablations/<name>.py
-VARIANTS = ("gqa_4x_cache", "gqa_same_deploy", "gqa_half_q", "vha", "premix_only", "postmix_only",
+primary = ""  # a plan's comparisons, e.g. "vha-gqa2": val loss, Holm-corrected over these
+# nanovha/variants.py's names: "vha" is config/vha_small.py alone; the rest add config/ablations/<name>.py
+VARIANTS = ("gqa8", "gqa2", "gqa2_half_q", "vha", "premix_only", "postmix_only",
             "silu_postmix", "rank4", "rank8", "mla", "mfa")
 # The paper's table (VHA.md: 1.7B, 50B tokens, 8-task zero-shot average). Our rank 4/8 stand in for its 32/128.
-PAPER = {"gqa_4x_cache": ("GQA 16Q/8KV (4x cache)", 54.09), "gqa_same_deploy": ("GQA 16Q/2KV (same deploy)", 53.09),
-         "gqa_half_q": ("GQA 8Q/2KV (same projections)", 52.38), "vha": ("VHA (premix + postmix)", 54.50),
+PAPER = {"gqa8": ("GQA 16Q/8KV (4x cache)", 54.09), "gqa2": ("GQA 16Q/2KV (same deploy)", 53.09),
+         "gqa2_half_q": ("GQA 8Q/2KV (same projections)", 52.38), "vha": ("VHA (premix + postmix)", 54.50),
          "premix_only": ("premix only", 53.31), "postmix_only": ("postmix only", 53.95),
          "silu_postmix": ("SiLU postmix (lower, no number)", None), "rank4": ("postmix rank 32", 54.24),
          "rank8": ("postmix rank 128", 54.15), "mfa": ("MFA (1 KB cache)", 54.06),
          "mla": ("MLA (1 KB cache; lower than VHA on the paper's 30B MoE, no 1.7B number)", None)}
-COMPARISONS = [("vha", "gqa_same_deploy"), ("vha", "gqa_4x_cache"), ("vha", "gqa_half_q"),
-               ("gqa_4x_cache", "gqa_same_deploy"), ("gqa_same_deploy", "gqa_half_q"),
-               ("premix_only", "gqa_same_deploy"), ("postmix_only", "gqa_same_deploy"), ("vha", "premix_only"),
+COMPARISONS = [("vha", "gqa2"), ("vha", "gqa8"), ("vha", "gqa2_half_q"),
+               ("gqa8", "gqa2"), ("gqa2", "gqa2_half_q"),
+               ("premix_only", "gqa2"), ("postmix_only", "gqa2"), ("vha", "premix_only"),
                ("vha", "postmix_only"), ("vha", "rank4"), ("vha", "rank8"), ("vha", "silu_postmix"), ("vha", "mfa"),
                ("vha", "mla")]
 PAPER_SAYS_BETTER = {("vha", "silu_postmix"): 1, ("vha", "mla"): 1}  # directions without a 1.7B number
@@ -109,7 +109,7 @@ def run_lm(cfg, job):
     rows, note = train(cfg, run_dir, args, cfg["lm_iters"])
     evals = [r for r in rows if "val_loss" in r]
     speed = [r["tok_per_s"] for r in rows if "tok_per_s" in r][1:] or [r["tok_per_s"] for r in rows if "tok_per_s" in r]
-    model = model_from_checkpoint(load_checkpoint(os.path.join(run_dir, "ckpt.pt")))
+    model = load_model(run_dir)[0]
     res = {"variant": variant, "seed": seed, "args": args, "iters": cfg["lm_iters"], "block_size": cfg["block_size"],
            "tokens": tokens_per_run(cfg), "val_loss": evals[-1]["val_loss"],
            "train_loss": evals[-1]["train_loss"], "curve": [[r["tokens"], r["val_loss"]] for r in evals],

@@ -20,6 +20,7 @@ import nanovha.mla_mfa  # noqa: F401 (registers attn="mla" and "mfa")
 from nanovha.config import ConfigError, at_least, config_file_values, flat_defaults, need, settings
 from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.hardware import compile_counters, gpu_spec, interleaved, print_table, verdict
+from nanovha.variants import overrides
 from model import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -68,8 +69,8 @@ def build(**kw):
 # ----------------------------------------------------------------------------- training throughput
 def run_train():
     need(vha_kv_head != 8, "train mode compares VHA with GQA-8 and same-deploy GQA: vha_kv_head must not be 8")
-    kinds = {"vha": dict(attn="vha", n_kv_head=vha_kv_head), "gqa8": dict(n_kv_head=8),
-             f"gqa{vha_kv_head}": dict(n_kv_head=vha_kv_head)}
+    kinds = {name: overrides(name, n_head, head_dim, n_embd, vha_kv_head)  # nanovha/variants.py
+             for name in ("vha", "gqa8", f"gqa{vha_kv_head}")}
     chosen = list(kinds) if train_variants == "all" else train_variants.split(",")
     need(chosen and set(chosen) <= set(kinds), f"train_variants: all, or a comma list of {', '.join(kinds)}; "
                                                f"got {train_variants!r}")

@@ -24,7 +24,6 @@ import torch
 
 from model import GPT, GPTConfig, fold_to_gqa
 from nanovha import llamacpp
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.compiled_decode import compiled_decode, default_folder
 from nanovha.config import DTYPES, at_least, flat_defaults, need, settings, stop_if
 from nanovha.costs import kv_bytes_per_token
@@ -33,7 +32,9 @@ from nanovha.hardware import choose_decode_dtype, compile_counters, copy_bandwid
 from nanovha.hardware import interleaved as interleaved_on, memory_problem, print_table, timed as timed_on
 from nanovha.decode_plot import plot_decode
 from nanovha.decode_targets import check_targets, llama_ratios
+from nanovha.loading import load_model
 from nanovha.plan import decode_plan, random_context
+from nanovha.variants import GQA_N, overrides
 
 # -----------------------------------------------------------------------------
 n_layer = 6
@@ -44,7 +45,7 @@ vocab_size = 128  # small, so the LM head does not hide the KV cache
 vha_kv_head = 2  # VHA: n_head virtual heads from n_head / vha_kv_head physical projections
 batch_size = 1
 block_size = 256  # the models' training context (decode runs past it with a larger cache)
-variants = "mha,gqa8,gqa4,gqa2,mqa,vha_folded,mla,mfa"  # mha, mqa, gqaN (N KV heads), vha_folded, mla (absorb), mfa
+variants = "mha,gqa8,gqa4,gqa2,mqa,vha_folded,mla,mfa"  # DECODE_VARIANTS, or any gqaN (N KV heads)
 contexts = "auto"  # comma-separated; auto: 1K..16K on CPU, 1K..128K on CUDA
 decode_steps = 30  # timed steps per variant and context
 prefill_max = None  # prefill (TTFT) is timed at min(context, prefill_max); None: 2048 on CPU, 32768 on CUDA
@@ -73,6 +74,7 @@ LIMITS = {**{k: at_least(1) for k in ("decode_steps", "prefill_repeats", "block_
           "warmup": at_least(0), "dtype": DTYPES, "decode_impl": ("auto", "grouped", "sdpa"),
           "compile": ("auto", "aot", "graphs", "off"), "weight_layout": ("out_in", "in_out")}
 globals().update(settings(flat_defaults(globals()), sys.argv[1:], optional={"prefill_max": int}, limits=LIMITS))
+DECODE_VARIANTS = ("mha", "gqa8", "gqa4", "gqa2", "mqa", "vha_folded", "mla", "mfa")  # nanovha/variants.py's names
 device_type = device.split(":")[0]
 shape = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
              head_dim=head_dim)
@@ -120,21 +122,16 @@ def build(**kw):
 
 # ----------------------------------------------------------------------------- the models
 def attention_of(name):
-    """Variant name -> GPTConfig overrides. mla and mfa get the cache of vha_kv_head KV heads (GQA-2's bytes)."""
-    budget, d = 2 * vha_kv_head * shape["head_dim"], shape["head_dim"]  # cached values per layer per token
-    if name == "mla":  # latent + shared RoPE key = the budget
-        return dict(attn="mla", n_kv_head=shape["n_head"], qk_norm=False, mla_rope_dim=d // 2,
-                    mla_kv_rank=budget - d // 2)
-    if name == "mfa":  # one KV head of dim budget / 2, a query of rank n_embd / 2
-        return dict(attn="mfa", n_kv_head=1, head_dim=budget // 2, q_rank=shape["n_embd"] // 2)
-    kv = {"mha": shape["n_head"], "mqa": 1, "vha_folded": vha_kv_head}.get(name)
-    if kv is None and name.startswith("gqa") and name[3:].isdigit():
-        kv = int(name[3:])
-    need(kv is not None, f"unknown variant {name!r}: choose from mha, mqa, gqaN (N KV heads, e.g. gqa2), vha_folded, "
-                         f"mla, mfa, ckpt (with --ckpt)")
-    need(kv >= 1 and shape["n_head"] % kv == 0,
+    """Variant name -> GPTConfig overrides (nanovha/variants.py at this shape). vha_folded, mla and mfa get the cache
+    of vha_kv_head KV heads (GQA-2's bytes)."""
+    need(name in DECODE_VARIANTS or GQA_N.fullmatch(name),
+         f"unknown variant {name!r}: choose from mha, mqa, gqaN (N KV heads, e.g. gqa2), vha_folded, mla, mfa, "
+         f"ckpt (with --ckpt)")
+    arch = overrides(name, shape["n_head"], shape["head_dim"], shape["n_embd"], vha_kv_head)
+    kv = arch["n_kv_head"]
+    need(arch["attn"] not in ("gqa", "vha") or shape["n_head"] % kv == 0,
          f"variant {name!r}: {shape['n_head']} query heads cannot share {kv} KV heads evenly")
-    return dict(n_kv_head=kv, attn="vha" if name == "vha_folded" else "gqa")
+    return arch
 
 
 def fold(vha, tag):
@@ -159,9 +156,10 @@ def decode_models():
     need(ckpt or "ckpt" not in variants.split(","), "variant 'ckpt' needs --ckpt=PATH")
     if ckpt:
         try:
-            real, meta = model_from_checkpoint(loaded := load_checkpoint(ckpt)), loaded.get("meta")
-        except (FileNotFoundError, ValueError) as e:
-            need(False, f"{ckpt}: {e}")
+            real, loaded = load_model(ckpt)
+        except (FileNotFoundError, ImportError, ValueError) as e:
+            need(False, str(e))
+        meta = loaded.get("meta")
         c = real.cfg
         shape.update({k: getattr(c, k) for k in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "head_dim",
                                                   "mlp_hidden", "rope_theta", "qk_norm", "tie_embeddings")})

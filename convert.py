@@ -38,9 +38,9 @@ import torch
 
 from nanovha.config import at_least, flat_defaults, settings, stop_if
 from data.common import load_tokenizer, read_bin
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, model_from_state, save_checkpoint
+from nanovha.checkpoint import model_from_state, save_checkpoint
+from nanovha.loading import load_model
 from nanovha.outputs import Busy, clobber_problem, holding, writable_problem
-from nanovha.qwen3 import model_from_hf
 from model import GPTConfig, rope_cos_sin
 
 # -----------------------------------------------------------------------------
@@ -73,11 +73,8 @@ LIMITS = {"n_kv_head": at_least(1), "premix_fit": ("weights", "activations"), "p
 
 def load_source(path):
     """(GPT, meta, checkpoint config or {}) from a Hugging Face folder, a checkpoint file or an out_dir."""
-    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
-        model, meta = model_from_hf(path, device)
-        return model, meta, {}
-    ckpt = load_checkpoint(os.path.join(path, "ckpt.pt") if os.path.isdir(path) else path, device)
-    return model_from_checkpoint(ckpt, device), ckpt.get("meta"), ckpt.get("config") or {}
+    model, ckpt = load_model(path, device)
+    return model, ckpt.get("meta"), ckpt.get("config") or {}
 
 
 def source_problem(cfg, target, H_kv):

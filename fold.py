@@ -26,7 +26,7 @@ import torch
 from data.common import read_bin
 from model import fold_to_gqa
 from nanovha import llamacpp
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from nanovha.checkpoint import save_checkpoint
 from nanovha.compiled_decode import default_folder
 from nanovha.config import at_least, flat_defaults, settings
 from nanovha.costs import kv_bytes_per_token
@@ -34,6 +34,7 @@ from nanovha.generate import generate
 from nanovha.gguf import GGUF_DTYPES, gguf_export_problem, write_gguf
 from nanovha.plan import context_range, decode_plan
 from nanovha.health import layer_health
+from nanovha.loading import load_model
 from nanovha.outputs import Busy, clobber_problem, holding, run_folder_problem, writable_problem
 from nanovha.qwen3 import hf_compare, hf_export_problem, write_hf
 
@@ -233,11 +234,11 @@ def fold_and_prove(model, ckpt, src, dst):
     -> (the folded model, the held-out tokens (N, T))."""
     c, t0 = model.cfg, time.time()
     # 1. Fold: W_q'[g*H_p + h] = P[g]^T W_q[h] and W_o'[:, h] = sum_j M[j, h] W_o[:, j], in float64,
-    #    cast to the checkpoint's dtype. Loaded back through model_from_checkpoint, the one loading path.
+    #    cast to the checkpoint's dtype. Loaded back through load_model, the one loading path.
     gqa = fold_to_gqa(model)
     keep = {k: v for k, v in ckpt.items() if k not in ("model", "model_args", "optimizer", "scaler")}
     folded_ckpt = dict(keep, model=gqa.state_dict(), model_args=asdict(gqa.cfg), folded_from=ckpt_name)
-    deployed = model_from_checkpoint(folded_ckpt, device).eval()
+    deployed = load_model(folded_ckpt, device)[0].eval()
     t_fold = time.time() - t0
 
     # 2. Proof: the same logits on held-out text and the same greedy text, in float64 (the fold's
@@ -339,14 +340,10 @@ def main(argv):
 def fold_run(src, dst):
     # Every check comes before the first write: a refused input leaves nothing behind.
     try:
-        ckpt = load_checkpoint(src)
-    except (FileNotFoundError, ValueError) as e:
+        model, ckpt = load_model(src, device)
+    except (FileNotFoundError, ImportError, ValueError) as e:
         sys.exit(f"error: {e}")
-    try:
-        model = model_from_checkpoint(ckpt, device).eval()
-    except ValueError as e:
-        sys.exit(f"error: {src}: {e}")
-    c = model.cfg
+    c, model = model.cfg, model.eval()
     if problem := check_model(src, c, ckpt.get("meta")):
         sys.exit(f"error: {problem}")
     if c.attn == "gqa":

@@ -14,14 +14,13 @@ import torch
 
 from data.common import load_tokenizer
 from model import fold_to_gqa
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.compiled_decode import default_folder
 from nanovha.config import DTYPES, at_least, flat_defaults, settings, stop_if
 from nanovha.costs import kv_bytes_per_token
 from nanovha.generate import generate
 from nanovha.hardware import choose_decode_dtype, memory_problem
+from nanovha.loading import load_model
 from nanovha.plan import context_range, decode_plan
-from nanovha.qwen3 import model_from_hf
 
 out_dir = "out"
 ckpt_name = "ckpt.pt"
@@ -48,15 +47,11 @@ globals().update(config)
 torch.manual_seed(seed)
 
 path = hf_dir or os.path.join(out_dir, ckpt_name)
-try:
-    if hf_dir:  # the model and its tokenizer files (meta) from the folder
-        model, meta = model_from_hf(hf_dir, device)
-    else:
-        ckpt = load_checkpoint(path, device)
-        if "meta" not in ckpt:
-            sys.exit(f"error: {path} carries no tokenizer (meta); it was not written by train.py, fold.py or "
-                     f"convert.py")
-        model, meta = model_from_checkpoint(ckpt, device), ckpt["meta"]
+try:  # a Hugging Face folder brings its tokenizer files (meta) with it
+    model, ckpt = load_model(path, device, hf=bool(hf_dir))
+    if "meta" not in ckpt:
+        sys.exit(f"error: {path} carries no tokenizer (meta); it was not written by train.py, fold.py or convert.py")
+    meta = ckpt["meta"]
     encode, decode = load_tokenizer(meta)
 except (FileNotFoundError, ImportError, ValueError) as e:
     sys.exit(f"error: {e}" if path in str(e) else f"error: {path}: {e}")

@@ -30,7 +30,8 @@ from nanovha.costs import kv_bytes_per_token
 from nanovha.experiments import (area, choose_variants, clopper_pearson, fmt, fmt_paired, load_results, mcnemar, mde,
                                  paired, parse_command, parse_primary, primary_lines, pyplot, read_json, ROOT, run_all,
                                  same_run, steps_to, train, write_json)
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha.loading import load_model
+from nanovha.variants import overrides
 from data.recall import tasks
 from nanovha.config import SEED_MAX, at_least
 from model import fold_to_gqa
@@ -59,23 +60,9 @@ primary = ""  # a plan's comparisons, e.g. "vha-gqa2,mha-gqa2": AUC at the first
 robust_variants = "mha,gqa4,gqa2"  # python sweep.py robust: these variants ...
 robust_seeds = 5
 robust_point = -1  # ... at this point (an index into points)
-# train.py overrides on config/recall_mqar.py, for H query heads of dim d (8 and 8 unless a point sets n_head /
-# head_dim). mla and mfa get GQA-2's cache: 2 x 2 x d values per layer per token.
-SWEEP_VARIANTS = {
-    "mha": lambda H, d: dict(attn="gqa", n_kv_head=H),
-    "gqa4": lambda H, d: dict(attn="gqa", n_kv_head=4),
-    "gqa2": lambda H, d: dict(attn="gqa", n_kv_head=2),  # the same deployed model as a folded VHA
-    # VHA's physical q projections, attending directly
-    "gqa2_half_q": lambda H, d: dict(attn="gqa", n_head=H // 2, n_kv_head=2),
-    "mqa": lambda H, d: dict(attn="gqa", n_kv_head=1),
-    "vha": lambda H, d: dict(attn="vha", n_kv_head=2),  # H/2 physical -> H virtual query heads
-    "premix_only": lambda H, d: dict(attn="vha", n_kv_head=2, vha_postmix=False),
-    "postmix_only": lambda H, d: dict(attn="vha", n_kv_head=2, vha_premix=False),
-    # latent + RoPE key
-    "mla": lambda H, d: dict(attn="mla", n_kv_head=H, qk_norm=False, mla_rope_dim=d // 2, mla_kv_rank=4 * d - d // 2),
-    # one KV head of dim 2d, query rank n_embd / 2
-    "mfa": lambda H, d: dict(attn="mfa", n_kv_head=1, head_dim=2 * d, q_rank=32),
-}
+# the variants swept (nanovha/variants.py: their train.py overrides on config/recall_mqar.py, for its 8 query heads
+# of dim 8 and width 64 unless a point sets n_head / head_dim / n_embd); mla and mfa get GQA-2's cache
+SWEEP_VARIANTS = ("mha", "gqa4", "gqa2", "gqa2_half_q", "mqa", "vha", "premix_only", "postmix_only", "mla", "mfa")
 COMPARISONS = [("mha", "gqa2"), ("mha", "gqa4"), ("gqa4", "gqa2"), ("gqa2", "mqa"), ("mha", "mqa"), ("vha", "gqa2"),
                ("vha", "gqa4"), ("vha", "mha"), ("vha", "gqa2_half_q"), ("premix_only", "gqa2"),
                ("postmix_only", "gqa2"), ("vha", "premix_only"), ("vha", "postmix_only"), ("mla", "gqa2"),
@@ -174,15 +161,15 @@ def sweep_args(cfg, point, variant, seed, run_dir, data_dir):
     """train.py's argv for one run: the base config, the same budget for every variant, then the variant's
     attention and the point's model knobs."""
     _, spec, model = point
-    arch = dict(SWEEP_VARIANTS[variant](model.get("n_head", 8), model.get("head_dim", 8)))
-    overrides = {**model, **arch, "n_head": arch.get("n_head", model.get("n_head", 8))}
+    arch = overrides(variant, model.get("n_head", 8), model.get("head_dim", 8), model.get("n_embd", 64))
+    knobs = {**model, **arch, "n_head": arch.get("n_head", model.get("n_head", 8))}
     iters = cfg["sweep_iters"]
     return ["config/recall_mqar.py", f"--data_dir={data_dir}", f"--out_dir={run_dir}", f"--seed={seed}",
             f"--max_iters={iters}", f"--lr_decay_iters={iters}", f"--curriculum_iters={cfg['curriculum_iters']}",
             f"--batch_size={batch_rows(cfg, spec)}", f"--block_size={tasks.row_length(spec)}",
             f"--eval_interval={cfg['sweep_eval_interval']}", f"--log_interval={iters}",
             f"--stop_at_acc={cfg['stop_at_acc']}", f"--device={cfg['device']}",
-            *[f"--{k}={v}" for k, v in overrides.items()], *cfg["sweep_model_args"].split()]
+            *[f"--{k}={v}" for k, v in knobs.items()], *cfg["sweep_model_args"].split()]
 
 
 @torch.no_grad()
@@ -207,7 +194,7 @@ def run_one(cfg, job):
     t0 = time.time()
     rows, note = train(cfg, run_dir, args, cfg["sweep_iters"])
     curve = [[r["iter"], r["val_acc"]] for r in rows if "val_acc" in r]
-    model = model_from_checkpoint(load_checkpoint(os.path.join(run_dir, "ckpt.pt")))
+    model = load_model(run_dir)[0]
     res = {"point": point[0], "variant": variant, "seed": seed, "args": args, "spec": point[1],
            "iters": cfg["sweep_iters"], "acc": curve[-1][1],
            "exact": [r["val_exact"] for r in rows if "val_exact" in r][-1], "curve": curve,

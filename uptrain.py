@@ -11,7 +11,7 @@ KV heads), and does the warmed VHA reach a VHA trained from scratch on the full 
     python uptrain.py report          # rebuild report.md and results.json from the finished runs
 
 The pipeline (every run resumes and is skipped once done, experiments.py):
-  1. teacher: config/vha_small.py + config/ablations/gqa_4x_cache.py (GQA 8Q/8KV), teacher_iters iterations
+  1. teacher: config/vha_small.py + config/ablations/gqa8.py (GQA 8Q/8KV), teacher_iters iterations
   2. convert.py the teacher to VHA (4 physical -> 8 virtual query heads over 2 KV heads; vha: the physical heads are
      the teacher's group 0, vha_fit: fitted with premix, convert.py --physical=fit) and to GQA 8Q/2KV by mean
      pooling: the same deployed shape, a 4x smaller cache
@@ -21,7 +21,7 @@ The pipeline (every run resumes and is skipped once done, experiments.py):
      eval of each warm-up run (before any update: what train.py --eval_only=True would print), and the teacher is
      evaluated on each seed's eval batches by an eval-only run (the gap to the teacher is per seed). The distilled
      warm-ups also run for long_warmup_frac (the *_long variants): how much of the gap a longer warm-up closes.
-  4. from scratch, the same seeds: VHA (the demo) and same-deploy GQA (config/ablations/gqa_same_deploy.py), at the
+  4. from scratch, the same seeds: VHA (the demo) and same-deploy GQA (config/ablations/gqa2.py), at the
      teacher's budget and at the warm-up budget, the demo's schedule scaled to the budget.
 
 The teacher runs alone with --threads=2 (under --threads=1 it would get one core), the rest --jobs=2 --threads=1.
@@ -78,12 +78,12 @@ WARM = {  # variant: (converted model, distill, long warm-up?)
     "gqa_uptrain_kd_long": ("gqa", True, True), "vha_fit_warm": ("vha_fit", False, False),
     "vha_fit_warm_kd": ("vha_fit", True, False), "vha_fit_warm_kd_long": ("vha_fit", True, True)}
 # 8Q/2KV both
-VHA_FILES, GQA_FILES = ["config/vha_small.py"], ["config/vha_small.py", "config/ablations/gqa_same_deploy.py"]
+VHA_FILES, GQA_FILES = ["config/vha_small.py"], ["config/vha_small.py", "config/ablations/gqa2.py"]
 SCRATCH = {  # variant: (config files, full budget? else the warm-up's)
     "vha_scratch_full": (VHA_FILES, True), "gqa_scratch_full": (GQA_FILES, True),
     "vha_scratch_short": (VHA_FILES, False), "gqa_scratch_short": (GQA_FILES, False)}
 VARIANTS = ("teacher_eval", *WARM, *SCRATCH)
-TEACHER_FILES = ["config/vha_small.py", "config/ablations/gqa_4x_cache.py"]
+TEACHER_FILES = ["config/vha_small.py", "config/ablations/gqa8.py"]
 # (first, second, what is compared, metric): Δ = first - second, per seed
 LIMITS = {**{k: at_least(1) for k in ("n_seeds", "teacher_iters", "evals")}, "teacher_seed": COMMON_LIMITS["seed"]}
 COMPARISONS = [
@@ -323,7 +323,7 @@ def cmd_report(cfg):
     write_json(os.path.join(cfg["root"], "results.json"), {"teacher": teacher, "runs": rows, "comparisons": comps,
                                                             "settings": {k: cfg[k] for k in sorted(cfg)}})
     lines = ["# The conversion comparison: VHA warm-up vs GQA uptraining from a GQA 8Q/8KV teacher", "",
-             f"Teacher: config/vha_small.py + config/ablations/gqa_4x_cache.py, {cfg['teacher_iters']} iterations, "
+             f"Teacher: config/vha_small.py + config/ablations/gqa8.py, {cfg['teacher_iters']} iterations, "
              f"seed {cfg['teacher_seed']}" + (f", val loss {teacher['val_loss']:.4f}" if teacher else "") + ". "
              f"Converted to VHA 4 physical -> 8 virtual / 2 KV heads and to GQA 8Q/2KV (mean-pooled), then warmed up "
              f"for {cfg['warm_iters']} iterations ({cfg['freeze_iters']} frozen: attention only; the `_long` ones "

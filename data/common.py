@@ -234,7 +234,7 @@ def hf_tokenizer_files(folder):
 
 def read_hf_tokenizer_files(folder):
     """For data/*/prepare.py --hf_tokenizer: the folder's tokenizer files (hf_tokenizer_files,
-    the same files checkpoint.model_from_hf keeps), refused in one line when they hold no
+    the same files qwen3.model_from_hf keeps), refused in one line when they hold no
     tokenizer."""
     files = hf_tokenizer_files(folder)
     if (not os.path.isdir(folder)
@@ -316,7 +316,7 @@ def load_tokenizer(meta):
 def hf_tokenizer_functions(meta):
     """(encode, decode) of the Hugging Face tokenizer whose files (name -> bytes) a model
     imported from a Hugging Face folder carries in meta["hf_tokenizer_files"]
-    (checkpoint.model_from_hf); read offline from a temp folder."""
+    (qwen3.model_from_hf); read offline from a temp folder."""
     files = meta.get("hf_tokenizer_files")
     if not files:
         raise ValueError(f"no tokenizer: {meta.get('source', 'the Hugging Face folder')} had no tokenizer files "

@@ -11,7 +11,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from nanovha.checkpoint import load_start, model_from_checkpoint
+from nanovha.loading import load_model
 from nanovha.hardware import synchronize
 
 ATTENTION_PARAMS = ("attn.qkv_proj.", "attn.o_proj.", "attn.q_up.", "attn.kv_up.", "attn.premix", "attn.postmix_")
@@ -69,9 +69,8 @@ def kd_loss(student_logits, teacher_logits, targets, T=1.0, alpha=0.5):
 def load_teacher(path, device, dtype):
     """(teacher GPT in eval mode without gradients, its meta) from a checkpoint file, an out_dir or a Qwen3 folder.
     Raises FileNotFoundError, ImportError or ValueError, one line each."""
-    ckpt = load_start(path)
-    model = model_from_checkpoint(ckpt).to(device, dtype=dtype)
-    return model.eval().requires_grad_(False), ckpt.get("meta")
+    model, ckpt = load_model(path)
+    return model.to(device, dtype=dtype).eval().requires_grad_(False), ckpt.get("meta")
 
 
 @torch.no_grad()

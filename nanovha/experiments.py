@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from nanovha.config import flat_defaults, settings
-from nanovha.checkpoint import load_checkpoint
+from nanovha.loading import load_start
+from nanovha.variants import RENAMED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: the scripts run from there
 # two-sided 5% critical values of Student's t for df = 1..30 (beyond 30 the df=30 value: slightly conservative)
@@ -59,8 +60,10 @@ def choose_variants(chosen, known):
     """'a,b' or 'all' -> the known variants named, in their canonical order."""
     names = list(known) if chosen == "all" else [v.strip() for v in chosen.split(",")]
     unknown = [v for v in names if v not in known]
+    renamed = [f"{v} is now {RENAMED[v]}" for v in unknown if v in RENAMED]  # ablate.py's old names
     if unknown:
-        sys.exit(f"error: unknown variant(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        sys.exit(f"error: unknown variant(s) {', '.join(unknown)}"
+                 f"{' (' + '; '.join(renamed) + ')' if renamed else ''}; known: {', '.join(known)}")
     return [v for v in known if v in names]
 
 
@@ -101,7 +104,7 @@ def train(cfg, run_dir, args, iters):
     trained, resume, note = False, [], ""
     if os.path.exists(ckpt_path):
         try:
-            step = load_checkpoint(ckpt_path)["iter_num"]
+            step = load_start(ckpt_path)["iter_num"]
             trained = step >= iters or any(r.get("stopped") and r["iter"] == step for r in read_log(run_dir))
             resume = [] if trained else ["--init_from=resume"]  # train.py continues exactly
             note = "trained before, " if trained else f"resumed at step {step}, "

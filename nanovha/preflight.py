@@ -11,8 +11,9 @@ import tempfile
 from data.common import hf_tokenizer_sha256
 from data.recall import tasks as recall_tasks
 from model import GPTConfig
-from nanovha.checkpoint import load_checkpoint, load_start, model_from_checkpoint, start_path
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.config import DTYPES
+from nanovha.loading import load_start, start_path
 
 TOKENIZER_FIX = ("prepare the data with the model's tokenizer (a Hugging Face model: "
                  "data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer=FOLDER; docs/convert.md#warm-up)")

@@ -5,8 +5,9 @@ Our model as a Hugging Face Qwen3ForCausalLM, both ways, and the outputs any Qwe
     write_hf(model, folder, meta, source)     # a plain GQA model (folded VHA) -> a folder transformers and lm-eval load
     hf_compare(folder, model, meta, ...)      # transformers running that folder against our logits and greedy text
 
-Qwen3's layout: q/k/v and gate/up as separate matrices (split_projections), RMSNorm, QK-norm, rotate-half RoPE,
-SwiGLU; our padded vocab rows stay behind. The tokenizer travels with the weights, built offline from the meta.
+Qwen3's layout: q/k/v and gate/up as separate matrices (fuse_projections / split_projections convert ours), RMSNorm,
+QK-norm, rotate-half RoPE, SwiGLU; our padded vocab rows stay behind (pad_vocab adds them on import). The
+tokenizer travels with the weights, built offline from the meta.
 """
 import json
 import os
@@ -15,9 +16,54 @@ import torch
 
 from data.common import gpt2_encoding, hf_tokenizer_files, hf_tokenizer_sha256, load_tokenizer
 from model import GPTConfig
-from nanovha.checkpoint import VOCAB_ROWS, fuse_projections, model_from_state, pad_vocab, split_projections
+from nanovha.checkpoint import model_from_state
 from nanovha.costs import kv_bytes_per_token
 from nanovha.generate import generate
+
+# Qwen3 (and other formats) name each projection; their rows stack into our fused ones
+UNFUSED_PROJECTIONS = {"attn.qkv_proj.weight": ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight"),
+                       "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+UNFUSED_Q = UNFUSED_PROJECTIONS["attn.qkv_proj.weight"][0]
+
+
+def fuse_projections(state):
+    """A state dict with separate q/k/v and gate/up projections -> the same weights under the fused names
+    (rows concatenated in the fused order). Other entries pass through."""
+    state = dict(state)
+    for key in [k for k in state if k.endswith(UNFUSED_Q)]:
+        layer = key[: -len(UNFUSED_Q)]  # 'blocks.3.'
+        for fused, parts in UNFUSED_PROJECTIONS.items():
+            if all(layer + p in state for p in parts):
+                state[layer + fused] = torch.cat([state.pop(layer + p) for p in parts])
+    return state
+
+
+def split_projections(state, cfg):
+    """The inverse of fuse_projections: fused q/k/v and gate/up rows back under the separate names (the
+    layout Hugging Face's Qwen3 uses)."""
+    state = dict(state)
+    rows = {"attn.qkv_proj.weight": cfg.qkv_split, "mlp.gate_up_proj.weight": [cfg.mlp_hidden, cfg.mlp_hidden]}
+    for key in [k for k in state if k.endswith(tuple(rows))]:
+        fused = next(f for f in rows if key.endswith(f))
+        layer = key[: -len(fused)]
+        for name, part in zip(UNFUSED_PROJECTIONS[fused], state.pop(key).split(rows[fused])):
+            state[layer + name] = part
+    return state
+
+
+VOCAB_ROWS = ("embed.weight", "lm_head.weight")  # the weights with one row per token id
+
+
+def pad_vocab(state, cfg):
+    """embed/lm_head with cfg.vocab_size rows (Qwen3's) -> cfg.padded_vocab rows, the new ones zero: exact, since a
+    padded row is never looked up and its logit is sliced off. Other entries pass through."""
+    state = dict(state)
+    for key in VOCAB_ROWS:
+        if key in state and state[key].size(0) == cfg.vocab_size < cfg.padded_vocab:
+            state[key] = torch.cat([state[key],
+                                    state[key].new_zeros(cfg.padded_vocab - cfg.vocab_size, state[key].size(1))])
+    return state
+
 
 # our parameter names <-> Qwen3ForCausalLM's
 HF_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",

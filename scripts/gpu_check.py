@@ -34,6 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from nanovha.config import at_least, flat_defaults, settings  # noqa: E402
+from nanovha.variants import GQA_N, overrides  # noqa: E402
 from nanovha.gpu_plan import (DRY_RUN_SCALE, PLAN, SECTIONS, TOTAL_S, budget_problem, counters_line,  # noqa: E402
                               decode_graphs, decode_lines, describe, over_plan, section_limits,
                               toolchain_lines, train_lines)
@@ -86,7 +87,7 @@ def smoke_data(given):
 def problems(chosen):
     """Settings that cannot work, as one line, before any section runs; None if all is well."""
     bad = [v for v in decode_variants.split(",")
-           if v not in ("mha", "mqa", "vha_folded") and not (v[:3] == "gqa" and v[3:].isdigit())]
+           if v not in ("mha", "mqa", "vha_folded") and not GQA_N.fullmatch(v)]  # nanovha/variants.py's names
     if bad or not decode_variants:
         return f"decode_variants: gpu_check knows mha, mqa, gqaN and vha_folded, got {decode_variants!r}"
     if os.path.exists(os.path.join(report_dir, "report.md")):
@@ -260,12 +261,11 @@ def check_correctness():
 
 # ---- 3. SDPA kernels ----
 def decode_model(variant, **shape):
-    """A decode variant as bench_decode.py builds it: gqaN / mha / mqa directly, vha_folded through fold_to_gqa."""
+    """A decode variant as bench_decode.py builds it (nanovha/variants.py): gqaN / mha / mqa directly, vha_folded
+    through fold_to_gqa."""
     from model import GPT, GPTConfig, fold_to_gqa
-    if variant == "vha_folded":
-        return fold_to_gqa(GPT(GPTConfig(**shape, n_kv_head=2, attn="vha")))
-    kv = {"mha": shape["n_head"], "mqa": 1}.get(variant) or int(variant[3:])
-    return GPT(GPTConfig(**shape, n_kv_head=kv))
+    model = GPT(GPTConfig(**shape, **overrides(variant, shape["n_head"], shape["head_dim"], shape["n_embd"])))
+    return fold_to_gqa(model) if variant == "vha_folded" else model
 
 
 def check_kernels():

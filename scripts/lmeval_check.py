@@ -15,8 +15,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from nanovha import lmeval  # noqa: E402
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from nanovha.config import flat_defaults, settings  # noqa: E402
+from nanovha.loading import load_model  # noqa: E402
 
 out_dir = "out-vha-small"  # the run folder with the checkpoint as trained
 ckpt_name = "ckpt.pt"
@@ -35,8 +35,11 @@ def main(argv):
                                                                    "an export (fold.py --export_hf=DIR writes one)")):
         if not os.path.isfile(p):
             sys.exit(f"error: {p} not found: give {what}")
-    ckpt = load_checkpoint(path)
-    model = model_from_checkpoint(ckpt).double().eval()
+    try:
+        model, ckpt = load_model(path)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    model = model.double().eval()
     t0 = time.time()
     try:
         lm, results, samples = lmeval.run_lm_eval(hf, cfg["task"], cfg["include_path"], limit=cfg["limit"] or None)

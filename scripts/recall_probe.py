@@ -27,8 +27,8 @@ import torch  # noqa: E402
 
 import model as model_module  # noqa: E402
 from data.recall import tasks  # noqa: E402
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from nanovha.config import flat_defaults, settings  # noqa: E402
+from nanovha.loading import load_model  # noqa: E402
 
 run = ""  # a train.py run folder with its args.json (sweep.py writes one per run)
 extra = ""  # train.py overrides on top of its args, e.g. "--data_stream=1"
@@ -88,9 +88,8 @@ def block_grads(model, x, y):
     return {k: v ** 0.5 for k, v in sums.items()}
 
 
-def probe(ckpt_path, meta_rows, frac, mode):
+def probe(model, meta_rows, frac, mode):
     """The circuit scores at the easiest level and at full difficulty, and the block gradients at frac."""
-    model = model_from_checkpoint(load_checkpoint(ckpt_path))
     model.cfg.attn_impl = "plain"
     weights, recording = recorded_attention()
     out, rng = {}, np.random.default_rng(seed)
@@ -136,12 +135,12 @@ def main():
             done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             if done.returncode:
                 fail(f"train.py stopped for step {K}: {(done.stderr or done.stdout).strip().splitlines()[-1]}")
-        saved = load_checkpoint(ckpt)
+        model, saved = load_model(ckpt)
         c = saved["config"]
         frac = min(1.0, K / c["curriculum_iters"]) if c["curriculum_iters"] else 1.0
         log = [json.loads(line) for line in open(os.path.join(run_dir, "log.jsonl"))]
         acc = [r["val_acc"] for r in log if "val_acc" in r][-1]
-        r = dict(step=K, acc=acc, **probe(ckpt, saved["meta"]["rows"], frac, c["curriculum_mode"]))
+        r = dict(step=K, acc=acc, **probe(model, saved["meta"]["rows"], frac, c["curriculum_mode"]))
         results.append(r)
         grads = ", ".join(f"{k} {v:.3f}" for k, v in r["grad"].items())
         print(f"| {K} | {acc:.1%} | {r['prev_easy']:.2f} | {r['match_easy']:.2f} | {r['prev_full']:.2f} "

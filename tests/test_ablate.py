@@ -91,37 +91,37 @@ def test_lm_report_verdicts_are_paired(tmp_path, monkeypatch):
     # seed effects of +-0.05 shared by both variants; VHA is 0.01 lower in every seed: unresolvable unpaired,
     # resolved paired. The 4x-cache variant differs by noise only.
     seed_effect = {0: -0.05, 1: 0.0, 2: 0.05}
-    numbers = {"vha": (1.60, [0.0, 0.001, -0.001]), "gqa_same_deploy": (1.61, [0.0, 0.0, 0.0]),
-               "gqa_4x_cache": (1.60, [0.004, -0.006, 0.003])}
+    numbers = {"vha": (1.60, [0.0, 0.001, -0.001]), "gqa2": (1.61, [0.0, 0.0, 0.0]),
+               "gqa8": (1.60, [0.004, -0.006, 0.003])}
     for v, (loss, noise) in numbers.items():
         for i in range(3):
             os.makedirs(tmp_path / "runs" / v / f"seed{i}")
             (tmp_path / "runs" / v / f"seed{i}" / "result.json").write_text(
                 json.dumps(fake(v, i, loss + seed_effect[i] + noise[i])))
-    _, cfg = ablate.parse_args(["report", f"--out_root={tmp_path}", "--variants=vha,gqa_same_deploy,gqa_4x_cache"])
+    _, cfg = ablate.parse_args(["report", f"--out_root={tmp_path}", "--variants=vha,gqa2,gqa8"])
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
     ablate.cmd_report(cfg)
     report = (tmp_path / "report.md").read_text()
     row = lambda name: [c.strip() for c in next(line for line in report.splitlines()
                                                 if line.startswith(f"| {name} |")).split("|")[1:-1]]
-    cells = row("vha vs gqa_same_deploy")
+    cells = row("vha vs gqa2")
     assert cells[1] == "+1.41" and cells[2].startswith("-0.0100 ± 0.0006") and cells[2].endswith("n=3)")
     assert cells[3] == "agrees, resolved"
-    assert row("vha vs gqa_4x_cache")[3].endswith("not resolved")
+    assert row("vha vs gqa8")[3].endswith("not resolved")
     assert "1 agree with the paper and are resolved" in report and "Primary comparisons" not in report
-    _, cfg = ablate.parse_args(["report", f"--out_root={tmp_path}", "--variants=vha,gqa_same_deploy,gqa_4x_cache",
-                                "--primary=vha-gqa_same_deploy,vha-gqa_4x_cache"])
+    _, cfg = ablate.parse_args(["report", f"--out_root={tmp_path}", "--variants=vha,gqa2,gqa8",
+                                "--primary=vha-gqa2,vha-gqa8"])
     ablate.cmd_report(cfg)
     report = (tmp_path / "report.md").read_text()
-    cells = row("vha - gqa_same_deploy")  # t = 17.3 at 2 df: p = 0.0033 <= 0.05 / 2
+    cells = row("vha - gqa2")  # t = 17.3 at 2 df: p = 0.0033 <= 0.05 / 2
     assert cells[1].startswith("-0.0100 ± 0.0006") and cells[4] == "rejected"
     assert cells[2] == "-0.0125 to -0.0075"  # -0.0100 -+ 4.303 x 0.000577
-    assert row("vha - gqa_4x_cache")[4] == "not rejected" and "checked on our numbers (exploratory)" in report
+    assert row("vha - gqa8")[4] == "not rejected" and "checked on our numbers (exploratory)" in report
 
 
 def test_gpu_preset_runs_the_fineweb_twins():
     _, cfg = ablate.parse_args(["--size=gpu"])
-    assert cfg["variant_list"] == ["gqa_4x_cache", "gqa_same_deploy", "vha"]
+    assert cfg["variant_list"] == ["gqa8", "gqa2", "vha"]
     for v in cfg["variant_list"]:
         args = ablate.lm_args(cfg, v, 1337, "/tmp/x")
         files = ["config/fineweb/vha.py"] + ([] if v == "vha" else [f"config/fineweb/{v}.py"])

@@ -42,18 +42,33 @@ def test_demo_and_ablations_state_their_kv_bytes(ablation):
     assert int(stated[0].replace(",", "")) == kv_bytes_per_token(model.cfg, torch.bfloat16)
     name = os.path.basename(ablation or "vha_small.py")[:-3]
     # MLA: 8 up-projected; MFA: one wide head
-    assert model.cfg.n_kv_head == {"gqa_4x_cache": 8, "mla": 8, "mfa": 1}.get(name, 2)
+    assert model.cfg.n_kv_head == {"gqa8": 8, "mla": 8, "mfa": 1}.get(name, 2)
     assert model.cfg.attn == {"mla": "mla", "mfa": "mfa"}.get(name, model.cfg.attn)
     assert settings["out_dir"].startswith("out-")
 
 
 def test_ablations_cover_the_papers_set():
     names = {os.path.basename(p)[:-3] for p in ABLATIONS}
-    assert {"gqa_4x_cache", "gqa_same_deploy", "gqa_half_q", "premix_only", "postmix_only", "silu_postmix"} <= names
+    assert {"gqa8", "gqa2", "gqa2_half_q", "premix_only", "postmix_only", "silu_postmix"} <= names
     assert sum(n.startswith("rank") for n in names) >= 2
 
 
-FINEWEB = {n: os.path.join(ROOT, "config", "fineweb", f"{n}.py") for n in ("vha", "gqa_same_deploy", "gqa_4x_cache")}
+@pytest.mark.parametrize("ablation", [None, *ABLATIONS], ids=lambda p: os.path.basename(p) if p else "vha_small")
+def test_each_ablation_is_its_variant_of_the_table(ablation):
+    """config/ablations/<name>.py is nanovha/variants.py's <name> at the demo's shape, written out with its arithmetic
+    (the demo itself is vha). MLA: the table's cache, its own split between the latent and the RoPE key."""
+    from nanovha.variants import VARIANTS, overrides
+    demo_path = os.path.join(ROOT, "config", "vha_small.py")
+    name = os.path.basename(ablation)[:-3] if ablation else "vha"
+    assert name in VARIANTS, f"{ablation}: {name} is not a variant of nanovha/variants.py"
+    demo, got = model_of(load(demo_path)).cfg, model_of(load(demo_path, *([ablation] if ablation else []))).cfg
+    want = overrides(name, demo.n_head, demo.head_dim, demo.n_embd, demo.n_kv_head)
+    split = ("mla_kv_rank", "mla_rope_dim")
+    assert {k: getattr(got, k) for k in want if k not in split} == {k: v for k, v in want.items() if k not in split}
+    assert sum(getattr(got, k) for k in split if k in want) == sum(want[k] for k in split if k in want)
+
+
+FINEWEB = {n: os.path.join(ROOT, "config", "fineweb", f"{n}.py") for n in ("vha", "gqa2", "gqa8")}
 
 
 def test_fineweb_twins_differ_only_in_attention_and_state_their_budget():
@@ -64,8 +79,8 @@ def test_fineweb_twins_differ_only_in_attention_and_state_their_budget():
     assert all(set(load(p)) <= attention for n, p in FINEWEB.items() if n != "vha")
     models = {n: model_of(s) for n, s in settings.items()}
     assert {n: (m.cfg.n_attn_head, m.cfg.n_q_proj, m.cfg.n_kv_head) for n, m in models.items()} == {
-        "vha": (16, 8, 2), "gqa_same_deploy": (16, 16, 2), "gqa_4x_cache": (16, 16, 8)}
-    assert fold_to_gqa(models["vha"]).cfg.n_head == models["gqa_same_deploy"].cfg.n_head  # folds into its twin's shape
+        "vha": (16, 8, 2), "gqa2": (16, 16, 2), "gqa8": (16, 16, 8)}
+    assert fold_to_gqa(models["vha"]).cfg.n_head == models["gqa2"].cfg.n_head  # folds into its twin's shape
     for n, path in FINEWEB.items():
         text, s = open(path).read(), settings[n]
         kv = kv_bytes_per_token(models[n].cfg, torch.bfloat16)

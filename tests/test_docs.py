@@ -197,3 +197,120 @@ def test_a_missing_optional_package_fails_under_ci_and_skips_elsewhere(monkeypat
     with pytest.raises(pytest.skip.Exception):
         optional("no_such_package_here")
     assert "export CI=true" in open(os.path.join(ROOT, ".ci", "run")).read()
+
+
+def nanovha_imports(path):
+    """The nanovha modules a file imports, at module level or inside a function: 'nanovha.x', 'from nanovha.x
+    import y' and 'from nanovha import x' all name x."""
+    found = set()
+    for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("nanovha.")}
+        elif isinstance(node, ast.ImportFrom) and node.module == "nanovha":
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nanovha."):
+            found.add(node.module.split(".")[1])
+    return found
+
+
+def import_cycle(graph):
+    """A cycle of graph (module -> the modules it imports) as a list [a, b, ..., a], or None."""
+    state = {}  # module -> "open" while on the current path, "done" after
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt, path + [nxt])):
+                return cycle
+        state[node] = "done"
+        return None
+    return next((c for m in sorted(graph) if m not in state and (c := visit(m, [m]))), None)
+
+
+@pytest.mark.parametrize("graph, cycle", [
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, None),
+    ({"a": {"b"}, "b": {"a"}}, ["a", "b", "a"]),
+    ({"a": {"b"}, "b": {"c"}, "c": {"b"}}, ["b", "c", "b"]),
+], ids=["chain", "pair", "behind-a-chain"])
+def test_import_cycle_finds_cycles(graph, cycle):
+    assert import_cycle(graph) == cycle
+
+
+def test_nanovha_has_no_import_cycle():
+    """CONTRIBUTING.md: the modules of nanovha/ import each other without cycles, function-level imports included
+    (an import inside a function is a cycle postponed, not one avoided)."""
+    files = glob.glob(os.path.join(ROOT, "nanovha", "*.py"))
+    graph = {os.path.basename(p)[:-3]: nanovha_imports(os.path.relpath(p, ROOT)) for p in files}
+    assert graph["loading"] >= {"checkpoint", "qwen3"}  # the graph is read, not empty
+    assert import_cycle(graph) is None, f"import cycle in nanovha/: {' -> '.join(import_cycle(graph))}"
+
+
+LOW_LEVEL_LOADERS = {"model_from_checkpoint", "load_checkpoint"}  # nanovha/checkpoint.py's, under load_model
+
+
+def test_commands_and_scripts_load_through_load_model():
+    """One way to load: outside nanovha/ (and tests/), code loads a model with nanovha.loading.load_model, never by
+    pairing checkpoint.load_checkpoint with model_from_checkpoint (each pair grew its own way of resolving a path)."""
+    direct = []
+    for path in python_files():
+        if path.startswith(("nanovha", "tests")):
+            continue
+        for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read())):
+            names = ({a.name for a in node.names} if isinstance(node, ast.ImportFrom)
+                     else {node.attr} if isinstance(node, ast.Attribute)
+                     else {node.id} if isinstance(node, ast.Name) else set())
+            direct += [f"{path}:{node.lineno} {n}" for n in names & LOW_LEVEL_LOADERS]
+    assert not direct, f"load with nanovha.loading.load_model instead: {direct}"
+    loaders = [p for p in python_files() if not p.startswith(("nanovha", "tests")) and "load_model" in imports_named(p)]
+    assert {"sample.py", "fold.py", "convert.py", "bench_decode.py", "scripts/recall_probe.py"} <= set(loaders)
+
+
+def imports_named(path):
+    """Every name a file imports with 'from X import name'."""
+    return {a.name for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read()))
+            if isinstance(node, ast.ImportFrom) for a in node.names}
+
+
+VARIANT_TABLES = {"VARIANTS", "SWEEP_VARIANTS", "DECODE_VARIANTS", "COMPARISONS", "PAPER"}  # name -> or (a, b) pairs
+VARIANT_FLAG = re.compile(r"--(?:\w+_)?(variants|primary)=([\w,\-]+)")  # --variants=a,b; --primary=a-b,c-d
+
+
+def variant_names(path):
+    """Every variant name a command, script or doc uses: the values of --*variants= and --primary= flags, the comma
+    lists assigned to a *variants knob, and the names in the VARIANT_TABLES a command keeps (keys, items, pairs)."""
+    text = open(os.path.join(ROOT, path)).read()
+    commands = [s for s in re.split(r"`|\n\s*\n", text) if "uptrain.py" not in s]  # uptrain.py: its own procedures
+    names = {n for kind, value in VARIANT_FLAG.findall("\n".join(commands)) if value != "all"
+             for n in re.split(r"[,\-]" if kind == "primary" else ",", value) if n}
+    if not path.endswith(".py"):
+        return names
+    for node in ast.walk(ast.parse(text)):
+        pairs = ([(t.id, node.value) for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign)
+                 else [(node.arg, node.value)] if isinstance(node, ast.keyword) else [])
+        for target, value in pairs:
+            if target and target.lower().endswith("variants") and isinstance(value, ast.Constant) \
+                    and isinstance(value.value, str) and value.value != "all":
+                names |= set(value.value.split(","))
+            if target in VARIANT_TABLES:
+                items = value.keys if isinstance(value, ast.Dict) else getattr(value, "elts", [])
+                names |= {c.value for item in items for c in ast.walk(item)
+                          if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    return names
+
+
+def test_variant_names_come_from_the_one_table():
+    """One name per variant: every command, script and doc names its attention variants from nanovha/variants.py
+    (uptrain.py's variants are procedures on two of them, not attention variants, and are its own)."""
+    from nanovha.variants import RENAMED, is_variant
+    files = [p for p in [*SCRIPTS, "scripts/cpu_report.py", *DOCS] if p != "uptrain.py"]
+    used = {p: variant_names(p) for p in files}
+    assert {"gqa2", "gqa8", "vha", "mla", "mfa", "premix_only"} <= used["ablate.py"] and "vha_folded" in used[
+        "bench_decode.py"] and "gqa2_half_q" in used["sweep.py"], used  # the tables are read, not missed
+    stray = {p: bad for p, names in used.items() if (bad := sorted(n for n in names if not is_variant(n)
+                                                                    and n != "ckpt"))}  # ckpt: bench_decode --ckpt
+    assert not stray, f"variant names not in nanovha/variants.py: {stray}"
+    retired = [f"{p}: {old}" for p in [*python_files(), *DOCS] if not p.startswith(("nanovha/variants", "tests"))
+               for old in RENAMED if old in open(os.path.join(ROOT, p)).read()]
+    assert not retired, f"renamed variants still named (nanovha/variants.py RENAMED): {retired}"

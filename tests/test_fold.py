@@ -13,9 +13,10 @@ from nanovha import qwen3
 import fold
 from conftest import TINY_MODEL, optional, run
 from data.common import gpt2_encoding, gpt2_meta, load_tokenizer
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint, split_projections
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nanovha.costs import kv_bytes_per_token
 from nanovha.generate import generate
+from nanovha.qwen3 import split_projections
 from nanovha.health import vha_health
 from model import GPT, GPTConfig, fold_to_gqa
 from test_model import make

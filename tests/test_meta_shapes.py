@@ -61,7 +61,7 @@ def test_a_training_step_at_the_real_shape_runs_on_meta_and_fits_80_gb():
     assert activations > logits_bytes and state + activations < 80e9
 
 
-@pytest.mark.parametrize("name", ["vha", "gqa_same_deploy"])  # unfolded VHA, and the shape it folds into
+@pytest.mark.parametrize("name", ["vha", "gqa2"])  # unfolded VHA, and the shape it folds into
 def test_prefill_and_decode_with_a_128k_cache_on_meta(name):
     """A bf16 cache of 131,072 positions, counted not allocated: its bytes are the model's own per-token accounting
     x 128K; a 32K prefill and the one-token step at the last position (int, and the static (1,) tensor of the

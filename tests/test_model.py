@@ -4,10 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanovha.checkpoint import fuse_projections, split_projections
 from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.generate import generate
 from nanovha.kernels import grouped_decode_attention, use_decode_layout
+from nanovha.qwen3 import fuse_projections, split_projections
 from nanovha.health import vha_health
 from model import GPT, GPTConfig, plain_attention, rope_cos_sin
 

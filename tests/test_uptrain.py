@@ -94,7 +94,7 @@ def test_budgets_and_warm_up_argv():
     assert fitted[0].endswith(os.path.join("converted", "vha_fit", "ckpt.pt")) and fitted[1:] == warm[1:]
     assert uptrain.CONVERSIONS["vha_fit"] == ["--to=vha", "--physical=fit"]
     scratch = uptrain.run_args(cfg, "gqa_scratch_short", 3, "/tmp/x")
-    assert (scratch[:2] == ["config/vha_small.py", "config/ablations/gqa_same_deploy.py"]
+    assert (scratch[:2] == ["config/vha_small.py", "config/ablations/gqa2.py"]
             and "--max_iters=120" in scratch)
     with pytest.raises(SystemExit, match="uptrain_warmup_iters"):
         uptrain.parse_args(["--teacher_iters=50"])

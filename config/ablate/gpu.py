@@ -2,7 +2,7 @@
 # tokens per run = lm_iters x batch_size x block_size x gradient_accumulation_steps
 #                = 4800 x 32 x 1024 x 16 = 2.52B (the budget's arithmetic is in config/fineweb/vha.py)
 out_root = "out-ablate-gpu"
-variants = "gqa_4x_cache,gqa_same_deploy,vha"
+variants = "gqa8,gqa2,vha"
 config_dir = "config/fineweb"
 lm_dataset = "fineweb_edu"
 n_seeds = 2

@@ -1,6 +1,6 @@
 # python ablate.py --quick: 3 variants x 2 seeds, 200 steps: a pipeline check
 out_root = "out-ablate-quick"
-variants = "gqa_4x_cache,gqa_same_deploy,vha"
+variants = "gqa8,gqa2,vha"
 n_seeds = 2
 lm_iters = 200
 block_size = 128

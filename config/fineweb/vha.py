@@ -1,9 +1,9 @@
 # One GPU, FineWeb-Edu (GPT-2 BPE): VHA at ~120M parameters, Qwen3-style.
 # 12 layers, width 768, 16 virtual query heads of dim 64 (the paper's 16 heads; head dim / width as close
 # to its 128/2048 as 64 allows) made from 8 physical q projections, 2 KV heads, postmix rank 4 (the paper's).
-# Folds into gqa_same_deploy.py's shape.
+# Folds into gqa2.py's shape.
 # KV cache: 12 layers x 2 (K, V) x 2 heads x 64 = 3072 values = 6,144 B/token in bf16.
-# Budget (gqa_4x_cache.py and gqa_same_deploy.py are diffs applied after this file: the same budget):
+# Budget (gqa8.py and gqa2.py are diffs applied after this file: the same budget):
 #   tokens/iter = 32 rows x 1024 tokens x 16 accumulation steps = 524,288 (nanoGPT's 0.5M)
 #   4,800 iterations x 524,288 = 2.52B tokens, ~20 tokens per parameter
 #   hours = tokens x training FLOPs/token / (MFU x peak). 119.0M parameters (GPT-2 vocab 50257) and
