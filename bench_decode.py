@@ -24,12 +24,13 @@ import torch
 
 from model import GPT, GPTConfig, fold_to_gqa, grouped_decode_attention, sdpa, split_kv_attention
 from nanovha import llamacpp
-from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
+from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, start_path
 from nanovha.compiled_decode import compiled_decode, default_folder
 from nanovha.config import flat_defaults, need, settings, stop_if
 from nanovha.hardware import choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, matmul_peak
 from nanovha.hardware import interleaved as interleaved_on, memory_problem, print_table, timed as timed_on, verdict
 from nanovha.decode_plot import plot_decode
+from nanovha.outputs import figure_problem
 from nanovha.plan import decode_plan, random_context
 
 # -----------------------------------------------------------------------------
@@ -95,6 +96,7 @@ for key in ("decode_steps", "prefill_repeats", "block_size", "copy_mib", "matmul
             "n_head", "vocab_size", "vha_kv_head", "batch_size", "prefill_max"):
     need(globals()[key] >= 1, f"{key} must be >= 1, got {globals()[key]}")
 need(warmup >= 0, f"warmup must be >= 0, got {warmup}")
+stop_if(plot and figure_problem(plot, "--plot", {"--ckpt": ckpt and start_path(ckpt)}))  # now, not after the bench
 if threads:
     torch.set_num_threads(threads)
 if compile == "graphs":
@@ -160,7 +162,7 @@ def decode_models():
     need(ckpt or "ckpt" not in variants.split(","), "variant 'ckpt' needs --ckpt=PATH")
     if ckpt:
         try:
-            real, meta = model_from_checkpoint(loaded := load_checkpoint(ckpt)), loaded.get("meta")
+            real, meta = model_from_checkpoint(loaded := load_checkpoint(start_path(ckpt))), loaded.get("meta")
         except (FileNotFoundError, ValueError) as e:
             need(False, f"{ckpt}: {e}")
         c = real.cfg

@@ -19,6 +19,7 @@ import numpy as np
 
 from nanovha.config import settings
 from nanovha.checkpoint import load_checkpoint
+from nanovha.outputs import Busy, foreign_run_problem, hold
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: the scripts run from there
 # two-sided 5% critical values of Student's t for df = 1..30 (beyond 30 the df=30 value: slightly conservative)
@@ -66,9 +67,21 @@ def read_json(path):
 
 
 def write_json(path, obj):
-    with open(path + ".tmp", "w") as f:
+    tmp = f"{path}.tmp{os.getpid()}"  # this process's own temp name: two writers never share one
+    with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)  # a crash never leaves half a result (which would count as done)
+    os.replace(tmp, path)  # a crash never leaves half a result (which would count as done)
+
+
+def hold_root(root):
+    """One command at a time per results root (two would race on its runs and reports): the root's lock for this
+    process's life. A root that is itself a run's folder is refused. Exits in one line."""
+    if problem := foreign_run_problem(root, "the results root", set()):
+        sys.exit(f"error: {problem}")
+    try:
+        return hold(root, flag="the results root")
+    except Busy as e:
+        sys.exit(f"error: {e}")
 
 
 def same_run(a, b):
