@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from nanovha.costs import flops_per_token, kv_bytes_per_token
+from nanovha.experiments import hold_root
 from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, parse_primary,
                                  primary_lines, pyplot, read_json, run_all, same_run, t_crit, train, write_json)
 from nanovha.loading import load_model
@@ -238,6 +239,7 @@ def plot_lm(groups, cfg):
 
 def main():
     command, cfg = parse_args(sys.argv[1:])
+    lock = hold_root(cfg["out_root"])  # one command per root: two would race on its runs and reports
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     {"run": cmd_run, "report": cmd_report}[command](cfg)

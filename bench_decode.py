@@ -32,7 +32,8 @@ from nanovha.hardware import choose_decode_dtype, compile_counters, copy_bandwid
 from nanovha.hardware import interleaved as interleaved_on, memory_problem, print_table, timed as timed_on
 from nanovha.decode_plot import plot_decode
 from nanovha.decode_targets import check_targets, llama_ratios
-from nanovha.loading import load_model
+from nanovha.loading import load_model, start_path
+from nanovha.outputs import figure_problem
 from nanovha.plan import decode_plan, random_context
 from nanovha.variants import GQA_N, overrides
 
@@ -96,6 +97,7 @@ def resolve_auto(device_type, decode_impl, prefill_max, compile):
 
 decode_impl, prefill_max, compile = resolve_auto(device_type, decode_impl, prefill_max, compile)
 need(compile != "aot" or device_type == "cpu", f"compile=aot builds a CPU package; on {device_type} use graphs or off")
+stop_if(plot and figure_problem(plot, "--plot", {"--ckpt": ckpt and start_path(ckpt)}))  # now, not after the bench
 if threads:
     torch.set_num_threads(threads)
 if compile == "graphs":

@@ -40,7 +40,7 @@ from nanovha.config import at_least, flat_defaults, settings, stop_if
 from data.common import load_tokenizer, read_bin
 from nanovha.checkpoint import model_from_state, save_checkpoint
 from nanovha.loading import load_model
-from nanovha.outputs import Busy, clobber_problem, holding, writable_problem
+from nanovha.outputs import Busy, clobber_problem, file_name_problem, holding, output_problem
 from model import GPTConfig, rope_cos_sin
 
 # -----------------------------------------------------------------------------
@@ -248,10 +248,7 @@ def calibration_tokens(meta, config, vocab_size, block_size):
     own val.bin, else random tokens (labelled: the q/k/v errors on them say little about real text)."""
     n, T = calib_batches * batch_size, min(calib_len, block_size)
     gen = torch.Generator().manual_seed(seed)
-    repo = os.path.dirname(os.path.abspath(__file__))
-    dataset_bin = os.path.join(config.get("data_dir") or os.path.join(repo, "data", config.get("dataset", "")),
-                               "val.bin")
-    path = calib or (dataset_bin if config.get("dataset") or config.get("data_dir") else "")
+    path = calibration_path(config)
     if not path or (not calib and not os.path.isfile(path)):
         return (torch.randint(vocab_size, (n, T), generator=gen),
                 f"RANDOM tokens, {n} x {T} (no --calib, no source val.bin)")
@@ -263,8 +260,13 @@ def calibration_tokens(meta, config, vocab_size, block_size):
         raise ValueError(f"--calib={path}: the source carries no tokenizer to read text with; "
                          "give token ids (a .bin file)")
     else:
-        with open(path, encoding="utf-8") as f:
-            ids = torch.tensor(load_tokenizer(meta or {})[0](f.read()), dtype=torch.long)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--calib={path} is not UTF-8 text (bad byte at offset {e.start}); give a UTF-8 text "
+                             f"file, or token ids as a .bin file") from None
+        ids = torch.tensor(load_tokenizer(meta or {})[0](text), dtype=torch.long)
     T = min(T, len(ids) - 1)
     if len(ids) < 3:
         raise ValueError(f"--calib={path} holds {len(ids)} tokens; give at least 3 (a longer text or .bin)")
@@ -273,6 +275,15 @@ def calibration_tokens(meta, config, vocab_size, block_size):
                          f"below the model's vocab ({vocab_size}); was it tokenized for another model?")
     starts = torch.randint(len(ids) - T, (n,), generator=gen).tolist()
     return torch.stack([ids[i:i + T] for i in starts]), f"{n} x {T} tokens of {path}"  # (n, T)
+
+
+def calibration_path(config):
+    """The file the calibration reads: --calib, else the source run's val.bin (its data_dir or data/<dataset>), else
+    "" (random tokens)."""
+    repo = os.path.dirname(os.path.abspath(__file__))
+    dataset_bin = os.path.join(config.get("data_dir") or os.path.join(repo, "data", config.get("dataset", "")),
+                               "val.bin")
+    return calib or (dataset_bin if config.get("dataset") or config.get("data_dir") else "")
 
 
 def report(source, converted, fits, sources, errors, summary, where):
@@ -304,8 +315,10 @@ def main(argv):
     if not src:
         sys.exit("error: give the model to convert: --src=HF_FOLDER (Qwen3) or --src=out_dir/ckpt.pt")
     dst = os.path.join(out_dir, out_name)
-    stop_if(clobber_problem({"--out_dir/--out_name": dst}, {"--src": src, "--calib": calib})
-            or writable_problem(out_dir, "--out_dir"))
+    training_run = os.path.exists(os.path.join(out_dir, "log.jsonl"))  # a conversion's folder holds no log
+    stop_if(output_problem({"--out_dir/--out_name": dst}, {"--src": src, "--calib": calib},
+                           own=[] if training_run else [out_dir])
+            or file_name_problem(out_name))
     if os.path.exists(dst) and not overwrite:
         sys.exit(f"error: {dst} exists (another run's or conversion's checkpoint); choose another --out_dir or "
                  f"--out_name, or pass --overwrite=True to replace it")
@@ -321,6 +334,10 @@ def convert_and_save(dst):
     try:  # every check before the first write: a refused input leaves nothing behind
         source, meta, config = load_source(src)
         if problem := source_problem(source.cfg, to, n_kv_head):
+            raise ValueError(problem)
+        # the default calibration file is known only now: the source's own val.bin
+        if problem := clobber_problem({"--out_dir/--out_name": dst},
+                                      {"the calibration file": calibration_path(config)}):
             raise ValueError(problem)
         tokens, where = calibration_tokens(meta, config, source.cfg.vocab_size, source.cfg.block_size)
     except (FileNotFoundError, ImportError, ValueError) as e:

@@ -35,7 +35,7 @@ from nanovha.gguf import GGUF_DTYPES, gguf_export_problem, write_gguf
 from nanovha.plan import context_range, decode_plan
 from nanovha.health import layer_health
 from nanovha.loading import load_model
-from nanovha.outputs import Busy, clobber_problem, holding, run_folder_problem, writable_problem
+from nanovha.outputs import Busy, clobber_problem, file_name_problem, holding, output_problem, staged, writable_problem
 from nanovha.qwen3 import hf_compare, hf_export_problem, write_hf
 
 # -----------------------------------------------------------------------------
@@ -55,18 +55,24 @@ compile_decode = True  # CPU: also build the folded model's compiled decode step
 compile_cache = ""  # where compiled packages and plans are kept ("": $NANOVHA_CACHE/compiled)
 plan_tokens = 500  # the generation the decode plan is timed for (sample.py's default max_new_tokens)
 replan = False  # measure the decode plan again even if one is kept for this shape and machine
+overwrite = False  # True: replace an existing --export_hf folder or --export_gguf file (never an input)
 defaults = flat_defaults(globals())
 LIMITS = {"eval_batches": at_least(1), "batch_size": at_least(1), "gguf_dtype": GGUF_DTYPES}
 # -----------------------------------------------------------------------------
 
 
+def proof_folders(ckpt):
+    """The data folders whose val.bin the proof may read: the training run's data_dir, then data/<dataset>."""
+    config = ckpt.get("config") or {}
+    repo = os.path.dirname(os.path.abspath(__file__))
+    return [config.get("data_dir") or "",
+            os.path.join(repo, "data", config["dataset"]) if config.get("dataset") else ""]
+
+
 def proof_tokens(ckpt, vocab_size, block_size, n_seqs):
     """(n_seqs, T) windows of the training run's val.bin, or random tokens if it is missing.
     Returns (tokens, where they came from)."""
-    config = ckpt.get("config") or {}
-    repo = os.path.dirname(os.path.abspath(__file__))
-    folders = [config.get("data_dir") or "",
-               os.path.join(repo, "data", config["dataset"]) if config.get("dataset") else ""]
+    folders = proof_folders(ckpt)
     gen = torch.Generator().manual_seed(seed)
     for folder in filter(None, folders):
         path = os.path.join(folder, "val.bin")
@@ -191,22 +197,26 @@ def save_plot(model, rows, path):
     plt.close(fig)
 
 
+def outputs(dst):
+    """{flag: path} of what this fold writes."""
+    return {"--out_name": dst, "--export_hf": export_hf, "--export_gguf": export_gguf,
+            "--plot (fold_analysis.png)": plot and os.path.join(out_dir, "fold_analysis.png")}
+
+
 def check_args(src, dst):
-    """One-line refusals of the arguments themselves, before anything is read: no output over an input (the
-    checkpoint, the run's log) or into another run's folder, every output folder writable."""
+    """One-line refusals of the arguments themselves, before anything is read (nanovha/outputs.py): no output over
+    an input (the checkpoint, the run's log) or another output, none in another run's folder, an existing export only
+    with --overwrite=True, --out_name a file name in out_dir, every output folder writable."""
     if export_hf and os.path.exists(export_hf) and not os.path.isdir(export_hf):
         return f"--export_hf={export_hf} is a file, not a folder"
     if export_gguf and os.path.isdir(export_gguf):
         return f"--export_gguf={export_gguf} is a folder; give a file name (e.g. model.gguf)"
-    outputs = {"--out_name": dst, "--export_hf": export_hf, "--export_gguf": export_gguf,
-               "--plot (fold_analysis.png)": plot and os.path.join(out_dir, "fold_analysis.png")}
     inputs = {"--ckpt_name": src, "the run's log": os.path.join(out_dir, "log.jsonl"),
               "the run's checkpoint": os.path.join(out_dir, "ckpt.pt")}
-    folders = [("--out_dir", out_dir), ("--export_hf", export_hf),
-               ("--export_gguf", export_gguf and (os.path.dirname(export_gguf) or ".")),
-               ("--compile_cache", compile_decode and device == "cpu" and (compile_cache or default_folder()))]
-    return (clobber_problem(outputs, inputs) or (export_hf and run_folder_problem(export_hf))
-            or next((p for flag, folder in folders if folder and (p := writable_problem(folder, flag))), None))
+    cache = compile_decode and device == "cpu" and (compile_cache or default_folder())
+    return (output_problem(outputs(dst), inputs, own=[out_dir], exports=["--export_hf", "--export_gguf"],
+                           overwrite=overwrite)
+            or file_name_problem(out_name) or (cache and writable_problem(cache, "--compile_cache")) or None)
 
 
 def check_model(src, c, meta):
@@ -301,8 +311,9 @@ def export(model, deployed, ckpt, src, tokens):
     against model (the checkpoint as trained) where llama-cpp-python is installed."""
     meta, vha, n_q_proj = ckpt.get("meta"), model.cfg.attn == "vha", model.cfg.n_q_proj
     if export_hf:
-        try:
-            names, note = write_hf(deployed, export_hf, meta, dict(ckpt=src, vha=vha, n_q_proj=n_q_proj))
+        try:  # written whole into a staging folder beside it, then renamed into place
+            with staged(export_hf) as staging:
+                names, note = write_hf(deployed, staging, meta, dict(ckpt=src, vha=vha, n_q_proj=n_q_proj), export_hf)
         except OSError as e:
             sys.exit(f"error: cannot write the Hugging Face export to {export_hf} ({e.strerror or e})")
         print(f"exported Qwen3ForCausalLM to {export_hf}/ ({', '.join(names)}): "
@@ -344,7 +355,10 @@ def fold_run(src, dst):
     except (FileNotFoundError, ImportError, ValueError) as e:
         sys.exit(f"error: {e}")
     c, model = model.cfg, model.eval()
-    if problem := check_model(src, c, ckpt.get("meta")):
+    proof_data = [os.path.join(folder, name) for folder in filter(None, proof_folders(ckpt))
+                  for name in ("val.bin", "meta.pkl")]
+    over_data = (clobber_problem(outputs(dst), {"the data the proof reads": path}) for path in proof_data)
+    if problem := check_model(src, c, ckpt.get("meta")) or next(filter(None, over_data), None):
         sys.exit(f"error: {problem}")
     if c.attn == "gqa":
         print(f"{src} is already plain GQA (n_head={c.n_head}, n_kv_head={c.n_kv_head}): nothing to fold, "

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from nanovha.costs import kv_bytes_per_token
+from nanovha.experiments import hold_root
 from nanovha.experiments import (area, choose_variants, clopper_pearson, fmt, fmt_paired, load_results, mcnemar, mde,
                                  paired, parse_command, parse_primary, primary_lines, pyplot, read_json, ROOT, run_all,
                                  same_run, steps_to, train, write_json)
@@ -471,6 +472,7 @@ def cmd_robust_report(cfg):
 
 def main():
     command, cfg = parse_args(sys.argv[1:])
+    lock = hold_root(cfg["sweep_root"])  # one sweep per root: two would race on its runs and reports
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     {"run": cmd_run, "report": cmd_report, "robust": cmd_robust, "robust-report": cmd_robust_report}[command](cfg)

@@ -22,7 +22,7 @@ import torch
 from torch.distributed import destroy_process_group
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data.dataset import DATA_ROOT, Dataset, prepare_if_missing
+from data.dataset import DATA_ROOT, Dataset, data_changed, data_fingerprint, prepare_if_missing
 from model import GPT, GPTConfig
 from nanovha.checkpoint import save_checkpoint
 from nanovha.config import flat_defaults, settings, stop_if
@@ -31,11 +31,12 @@ from nanovha.distill import drop_grads, frozen_params, kd_loss, load_teacher, se
 from nanovha.compiled_decode import default_folder
 from nanovha.hardware import autocast_for, choose_compile, choose_dtype, compile_counters, gpu_spec, training_step
 from nanovha.health import vha_health
-from nanovha.outputs import hold
+from nanovha.outputs import hold, resolved
 from nanovha.peers import PeerWatch, start_ddp
 from nanovha.plan import train_plan
-from nanovha.preflight import (TOKENIZER_FIX, cut_log, disk_problem, knob_problem, lr_schedule, prepare_out_dir,
-                               start_checkpoint, teacher_problem, vocab_mismatch, warmup_problem)
+from nanovha.preflight import (TOKENIZER_FIX, cut_log, disk_problem, knob_problem, lr_schedule,
+                               outputs_problem, prepare_out_dir, start_checkpoint, start_log, teacher_problem,
+                               vocab_mismatch, warmup_problem)
 
 # -----------------------------------------------------------------------------
 # defaults (overridden by config/*.py files and --key=value); nanoGPT's names where it has the knob
@@ -132,6 +133,7 @@ lr_decay_iters, min_lr = lr_schedule(config)  # None: max_iters and learning_rat
 resuming = init_from == "resume"
 model_args = ckpt["model_args"] if ckpt else None  # a scratch run's: once the data gives the vocab size
 block_size = model.cfg.block_size if ckpt else block_size  # a new run from a checkpoint may shorten it
+stop_if(int(os.environ.get("RANK", 0)) == 0 and outputs_problem(config, ckpt_path, log_path))  # before out_dir is made
 iter_num, best_val_loss, elapsed_before, saved_iter = 0, float("inf"), 0.0, None
 if resuming:  # where the run stopped
     iter_num, best_val_loss, elapsed_before = ckpt["iter_num"], ckpt["best_val_loss"], ckpt.get("elapsed", 0.0)
@@ -208,6 +210,9 @@ try:
     if ddp:
         torch.distributed.barrier()
     data = Dataset(data_dir, block_size, curriculum_iters, curriculum_mode)
+    # read-locked while this run lives (no prepare replaces it), and fingerprinted: a resume refuses other data
+    data_lock = master and resolved(data_dir) != resolved(out_dir) and hold(data_dir, shared=True, flag="--data_dir")
+    fingerprint = data_fingerprint(data_dir)
 except ValueError as e:
     sys.exit(f"error: {e}")
 meta, vocab_size, row_spec = data.meta, data.vocab_size, data.rows
@@ -241,6 +246,7 @@ if ckpt is not None:
     fix = "resume with the dataset it was trained on" if resuming else TOKENIZER_FIX
     stop_if(vocab_mismatch(ckpt.get("meta"), "the checkpoint" if resuming else f"the checkpoint {init_from}", meta,
                            data_dir, fix))
+    stop_if(resuming and data_changed(ckpt.get("data_fingerprint"), fingerprint, data_dir, ckpt_path))
     n_params = model.num_params()
 else:
     model_args = dict({k: config[k] for k in model_fields}, vocab_size=vocab_size)
@@ -328,10 +334,8 @@ peak = gpu_spec(torch.cuda.get_device_name())[0] if device_type == "cuda" else N
 flops_per_iter = flops_per_token(raw_model.cfg, data.seq_len, training=True) * tokens_per_iter
 
 if master:
-    if resuming:
-        cut_log(log_path, iter_num)
-    else:
-        open(log_path, "w").close()
+    if note := cut_log(log_path, iter_num) if resuming else start_log(log_path):
+        print(note)
     print(f"{raw_model.cfg.attn} model: {raw_model.num_params() / 1e6:.2f}M params, KV cache "
           f"{kv_bytes_per_token(raw_model.cfg, torch.float32)} B/token (fp32), {tokens_per_iter} tokens/iter, "
           f"device {device}, {compile_reason}, {world_size} process(es)")
@@ -367,7 +371,7 @@ def save(it, elapsed):
         save_checkpoint({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
                          "scaler": scaler.state_dict(), "model_args": model_args, "iter_num": it,
                          "best_val_loss": best_val_loss, "config": dict(config), "meta": meta, "elapsed": elapsed,
-                         "dtype": dtype, "kind": "nanovha"}, ckpt_path)
+                         "dtype": dtype, "kind": "nanovha", "data_fingerprint": fingerprint}, ckpt_path)
     except (OSError, RuntimeError) as e:
         sys.exit(f"error: writing the checkpoint of iteration {it} failed, is the disk full? "
                  f"({str(e).splitlines()[0]}); "

@@ -35,6 +35,7 @@ import time
 import torch
 
 from nanovha.config import COMMON_LIMITS, at_least
+from nanovha.experiments import hold_root
 from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, parse_primary,
                                  primary_lines, read_json, run_all, run_script, same_run, t_crit, train, write_json)
 
@@ -226,7 +227,7 @@ def fold_and_export(cfg):
     if os.path.exists(log):
         os.remove(log)
     run_script(cfg, out, "fold.py", [f"--out_dir={run_path(cfg, 'vha_warm_kd', cfg['seed'])}",
-                                     f"--export_hf={os.path.join(out, 'hf')}",
+                                     f"--export_hf={os.path.join(out, 'hf')}", "--overwrite=True",
                                      f"--gen_tokens={min(200, cfg['block_size'] - 16)}", "--compile_decode=False"])
     print(f"fold and export of vha_warm_kd seed {cfg['seed']}: {out}/hf (fold.py's report: {log})", flush=True)
 
@@ -365,6 +366,7 @@ def cmd_report(cfg):
 
 def main():
     command, cfg = parse_args(sys.argv[1:])
+    lock = hold_root(cfg["root"])  # one command per root: two would race on its runs and reports
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     {"run": cmd_run, "report": cmd_report}[command](cfg)

@@ -4,6 +4,7 @@ train.bin, val.bin (flat token ids, read with np.memmap: uint16, or uint32 when 
 more than 65,536 ids, as meta["dtype"] says; a meta without "dtype" means uint16) and meta.pkl
 (how ids map back to text: load_tokenizer).
 """
+import argparse
 import hashlib
 import itertools
 import os
@@ -332,6 +333,17 @@ def hf_tokenizer_functions(meta):
                 f.write(data)
         tok = AutoTokenizer.from_pretrained(tmp, local_files_only=True)
     return tok.encode, tok.decode
+
+
+def add_overwrite(parser):
+    """A prepare script's --overwrite (or --overwrite=True): replace a dataset already in --out_dir; without it the
+    script refuses one (nanovha/outputs.py's preparing)."""
+    def flag(value):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise argparse.ArgumentTypeError(f"--overwrite={value}: give True or False")
+        return value.lower() in ("true", "1")
+    parser.add_argument("--overwrite", nargs="?", const=True, default=False, type=flag,
+                        help="replace a dataset already in --out_dir")
 
 
 # ---- writing train.bin / val.bin / meta.pkl ----

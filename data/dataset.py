@@ -7,6 +7,7 @@ What train.py reads from a prepared data folder, in one place:
 - rows (data/recall): meta.pkl holds a task spec; training rows are generated from it at a curriculum level,
   val.npz holds the held-out rows. y is -1 except at the answers, so the loss ignores the rest.
 """
+import hashlib
 import os
 import pickle
 import subprocess
@@ -68,6 +69,44 @@ def prepare_if_missing(data_dir, dataset, models=()):
     print(f"preparing {dataset} into {data_dir} (first use) ...", flush=True)
     if subprocess.run([sys.executable, prepare, "--out_dir", data_dir]).returncode != 0:
         sys.exit(1)  # prepare.py printed the one-line error; nothing was trained
+
+
+WHOLE_HASH_BYTES = 256 << 20  # a data file up to this size is fingerprinted by its full sha256
+
+
+def data_fingerprint(data_dir):
+    """{file: fingerprint} of what a run reads from data_dir (train.bin, val.bin, meta.pkl, val.npz, those there): a
+    checkpoint records it and a resume compares (data_changed). A file up to WHOLE_HASH_BYTES (every dataset the
+    tests and the demo use) gets the sha256 of all its bytes, so any change is seen; a larger one (FineWeb) its size
+    and the sha256 of its first and last MiB: cheap at any size, blind to a same-size edit in the middle."""
+    out = {}
+    for name in ("train.bin", "val.bin", "meta.pkl", "val.npz"):
+        path = os.path.join(data_dir, name)
+        if not os.path.isfile(path):
+            continue
+        size, h = os.path.getsize(path), hashlib.sha256()
+        with open(path, "rb") as f:
+            if size <= WHOLE_HASH_BYTES:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+                out[name] = f"sha256 {h.hexdigest()}"
+            else:
+                h.update(f.read(1 << 20))
+                f.seek(size - (1 << 20))
+                h.update(f.read())
+                out[name] = f"{size} bytes, first and last MiB sha256 {h.hexdigest()}"
+    return out
+
+
+def data_changed(recorded, now, data_dir, ckpt_path):
+    """Why a resume may not go on with this data (a file whose fingerprint is not the one the checkpoint recorded: the
+    batches would come from other data, not an exact resume), or None. A checkpoint without one (older) passes."""
+    changed = sorted(n for n in (recorded or {}).keys() | now.keys() if recorded and recorded.get(n) != now.get(n))
+    if not changed:
+        return None
+    return (f"cannot resume: {', '.join(changed)} in {data_dir} changed since {ckpt_path} was written (fingerprint "
+            f"{now.get(changed[0], 'missing')[:20]}..., recorded {recorded.get(changed[0], 'none')[:20]}...); resume "
+            f"with the data it trained on, or start a new run from it: --init_from={ckpt_path} --out_dir=NEW_FOLDER")
 
 
 def bin_problem(data_dir, meta, splits, sample=1 << 16):

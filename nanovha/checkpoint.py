@@ -37,6 +37,10 @@ def load_checkpoint(path, device="cpu"):
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint {path} not found: train one first (python train.py ...) "
                                 "or pass the right --out_dir")
+    if os.path.isdir(path):
+        inner = os.path.join(path, "ckpt.pt")
+        raise ValueError(f"{path} is a folder, not a checkpoint file; give the file"
+                         + (f" ({inner})" if os.path.isfile(inner) else " inside it"))
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)  # never runs code from the file
     except Exception as e:

@@ -19,6 +19,7 @@ import numpy as np
 
 from nanovha.config import flat_defaults, settings
 from nanovha.loading import load_start
+from nanovha.outputs import Busy, foreign_run_problem, hold
 from nanovha.variants import RENAMED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: the scripts run from there
@@ -74,9 +75,21 @@ def read_json(path):
 
 
 def write_json(path, obj):
-    with open(path + ".tmp", "w") as f:
+    tmp = f"{path}.tmp{os.getpid()}"  # this process's own temp name: two writers never share one
+    with open(tmp, "w") as f:
         json.dump(obj, f, indent=1)
-    os.replace(path + ".tmp", path)  # a crash never leaves half a result (which would count as done)
+    os.replace(tmp, path)  # a crash never leaves half a result (which would count as done)
+
+
+def hold_root(root):
+    """One command at a time per results root (two would race on its runs and reports): the root's lock for this
+    process's life. A root that is itself a run's folder is refused. Exits in one line."""
+    if problem := foreign_run_problem(root, "the results root", set()):
+        sys.exit(f"error: {problem}")
+    try:
+        return hold(root, flag="the results root")
+    except Busy as e:
+        sys.exit(f"error: {e}")
 
 
 def same_run(a, b):

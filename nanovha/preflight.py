@@ -9,11 +9,13 @@ import shutil
 import tempfile
 
 from data.common import hf_tokenizer_sha256
+from data.dataset import DATA_ROOT
 from data.recall import tasks as recall_tasks
 from model import GPTConfig
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.config import DTYPES
 from nanovha.loading import load_start, start_path
+from nanovha.outputs import DATA_FILES, folder_problem, output_problem
 
 TOKENIZER_FIX = ("prepare the data with the model's tokenizer (a Hugging Face model: "
                  "data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer=FOLDER; docs/convert.md#warm-up)")
@@ -210,9 +212,22 @@ def hf_vocab_problem(meta_a, name_a, meta_b, name_b):
     return None
 
 
+def outputs_problem(c, ckpt_path, log_path):
+    """Before out_dir is made or locked (nanovha/outputs.py): out_dir a writable folder (not a file, not a dangling
+    link), and ckpt.pt and log.jsonl over nothing this run reads (the start checkpoint, the teacher, the data) and in
+    no other run's folder. One line, or None."""
+    data_dir = c["data_dir"] or os.path.join(DATA_ROOT, c["dataset"])
+    reads = {"--init_from": c["init_from"] not in ("scratch", "resume") and start_path(c["init_from"]),
+             "--teacher": c["teacher"] and start_path(c["teacher"]),
+             **{f"--data_dir's {name}": os.path.join(data_dir, name) for name in DATA_FILES}}
+    return folder_problem(c["out_dir"], "--out_dir") or output_problem(
+        {"--out_dir's ckpt.pt": ckpt_path, "--out_dir's log.jsonl": log_path}, reads, own=[c["out_dir"]])
+
+
 def prepare_out_dir(out_dir, ckpt_path, log_path, resuming):
     """Before any data or training: out_dir exists and is writable, the temp file of a checkpoint write that a crash
-    cut short is gone, and a new run will not overwrite another run's checkpoint or log. Raises ValueError."""
+    cut short is gone, and a new run will not overwrite another run's checkpoint (a log with no checkpoint beside it,
+    from a run that never saved, is kept aside by start_log). Raises ValueError."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=out_dir):
@@ -226,25 +241,45 @@ def prepare_out_dir(out_dir, ckpt_path, log_path, resuming):
         if name.startswith(".tmp_" + os.path.basename(ckpt_path)):
             os.remove(os.path.join(out_dir, name))
     theirs = [p for p in (ckpt_path, log_path) if os.path.exists(p)]
-    if not resuming and theirs:
+    if not resuming and os.path.exists(ckpt_path):
         raise ValueError(f"{' and '.join(theirs)} exist(s): another run's, which init_from={'scratch'!r} would "
                          f"overwrite; continue it with --init_from=resume, or choose a new --out_dir (or delete it)")
 
 
 def cut_log(log_path, iter_num):
-    """On resume: drop the log rows of iterations from iter_num on (they will be redone) and a last line that a crash
-    cut short. The file is replaced in one step, so a crash now cannot lose the log."""
-    def before(line):
-        try:
-            return json.loads(line)["iter"] < iter_num
-        except ValueError:
-            return False
+    """On resume: drop the log rows of iterations from iter_num on (they will be redone). A row it cannot read (bad
+    bytes, not JSON, no numeric "iter": an edit, or a last line a crash cut short) is moved to log_path + ".unreadable"
+    and named in the note it returns (else None). The log is replaced in one step, so a crash now cannot lose it."""
+    if not os.path.exists(log_path):
+        return None
+    rows, bad = [], []
+    with open(log_path, "rb") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                if json.loads(line)["iter"] < iter_num:
+                    rows.append(line.rstrip(b"\n") + b"\n")
+            except (ValueError, KeyError, TypeError, IndexError):  # UnicodeDecodeError is a ValueError
+                if line.strip():
+                    bad.append((number, line.rstrip(b"\n") + b"\n"))
+    if bad:
+        with open(log_path + ".unreadable", "ab") as f:
+            f.writelines(line for _, line in bad)
+    with open(log_path + ".tmp", "wb") as f:
+        f.writelines(rows)
+    os.replace(log_path + ".tmp", log_path)
+    return bad and (f"note: {log_path}: line(s) {', '.join(str(n) for n, _ in bad)} are not log rows (bad bytes, not "
+                    f"JSON, or no iteration); moved to {log_path}.unreadable")
+
+
+def start_log(log_path):
+    """A new run's empty log. A log already there is from a run that saved no checkpoint (prepare_out_dir refused
+    any other): it is kept as log_path.old (.old1, ...), and the note saying so returned (else None)."""
+    kept = None
     if os.path.exists(log_path):
-        with open(log_path) as f:
-            rows = [line.rstrip("\n") + "\n" for line in f if before(line)]
-        with open(log_path + ".tmp", "w") as f:
-            f.writelines(rows)
-        os.replace(log_path + ".tmp", log_path)
+        kept = next(p for i in range(10**6) if not os.path.exists(p := log_path + ".old" + (str(i) if i else "")))
+        os.replace(log_path, kept)
+    open(log_path, "w").close()
+    return kept and f"note: {log_path} was left by a run that saved no checkpoint; kept as {kept}"
 
 
 def disk_problem(out_dir, n_params):

@@ -348,9 +348,10 @@ def model_card(model, folder, meta, source, n_params, note):
             + "```\n")
 
 
-def write_hf(model, folder, meta, source):
+def write_hf(model, folder, meta, source, shown=None):
     """A folder that loads wherever a Qwen3 checkpoint does: config.json, model.safetensors (float32),
-    generation_config.json, the tokenizer files and a model card. Each file goes to a temp file, then is renamed.
+    generation_config.json, the tokenizer files and a model card (naming the folder as `shown`, default folder: where
+    a staging folder will be renamed to). Each file goes to a temp file, then is renamed.
     Returns the names written and a note (why no tokenizer), or None."""
     from safetensors.torch import save_file
     c = model.cfg
@@ -359,7 +360,7 @@ def write_hf(model, folder, meta, source):
     # what generate() needs from the folder: where a text begins (generate() with no prompt) and ends (it stops there);
     # no max_length: transformers' own default (or max_new_tokens) decides, not the training context
     generation = {name: i for name, i in zip(("bos_token_id", "eos_token_id"), text_marks(meta)) if i is not None}
-    card = model_card(model, folder, meta, source, sum(t.numel() for t in tensors.values()), note)
+    card = model_card(model, shown or folder, meta, source, sum(t.numel() for t in tensors.values()), note)
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".tmp{os.getpid()}")
 

@@ -228,7 +228,8 @@ def sha256s(folder):
 
 
 OUT_DIRS = {  # an output that would destroy something -> the needle; the folder's files are hashed before and after
-    "an existing run's checkpoint": (["--out_dir={run}"], "exists (another run's or conversion's checkpoint)"),
+    "an existing run's checkpoint": (["--out_dir={run}"], "another run's folder (ckpt.pt, log.jsonl)"),
+    "an existing conversion": (["--out_dir={src}", "--out_name=old.pt"], "exists (another run's or conversion's"),
     "the source's own file": (["--out_dir={src}"], "would write over --src"),
     "the calibration file": (["--out_dir={src}", "--out_name=calib.bin", "--calib={src}/calib.bin"],
                              "would write over --calib"),
@@ -244,6 +245,7 @@ def test_outputs_never_destroy_an_input_or_a_run(case, tmp_path):
     (src / "calib.bin").write_bytes(bytes(200))  # 100 uint16 ids
     (src / "empty.bin").write_bytes(b"")
     (src / "odd.bin").write_bytes(bytes(7))
+    (src / "old.pt").write_bytes(b"an earlier conversion")
     save_source(str(run_dir))
     (run_dir / "log.jsonl").write_text('{"iter": 0}\n')
     before = {d: sha256s(d) for d in (src, run_dir)}

@@ -240,7 +240,7 @@ BAD_OUTPUTS = [  # fold.py flags that would destroy an input or write where it c
     (["--out_name=log.jsonl"], "would write over the run's log"),
     (["--export_hf={d}/vha/notes.pt/hf"], "is a file, not a folder"),
     (["--gguf_dtype=int8"], "gguf_dtype must be one of float32, float16, bfloat16, got 'int8'"),
-    (["--export_gguf={d}/vha/notes.pt/model.gguf"], "--export_gguf={d}/vha/notes.pt: "),
+    (["--export_gguf={d}/vha/notes.pt/model.gguf"], "--export_gguf={d}/vha/notes.pt is a file, not a folder"),
     (["--compile_cache={d}/vha/notes.pt"], "--compile_cache={d}/vha/notes.pt: "),  # packages and plans: a file
 ]
 

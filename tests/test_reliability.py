@@ -202,7 +202,8 @@ def test_a_folder_where_the_log_goes(char_data, tmp_path):
 
 def test_unwritable_out_dir(char_data, tmp_path):
     (tmp_path / "a_file").write_text("")  # as root chmod does not stop writes; a path under a file always fails
-    fails(run("train.py", *train_args(char_data, tmp_path / "a_file" / "out")), "is not writable (Not a directory)")
+    fails(run("train.py", *train_args(char_data, tmp_path / "a_file" / "out")),
+          "a_file is a file, not a folder; choose another --out_dir")
 
 
 def test_not_enough_disk_for_the_checkpoints(char_data, tmp_path):
@@ -292,7 +293,7 @@ def test_prepare_scripts_bad_input(tmp_path):
     (tmp_path / "a_file").write_text("")
     (tmp_path / "in.txt").write_text(tiny_text(2000))
     fails(run("data/text/prepare.py", "--input", tmp_path / "in.txt", "--out_dir", tmp_path / "a_file" / "d"),
-          "error: cannot write the dataset to", "(Not a directory)")
+          "a_file is a file, not a folder; choose another --out_dir")
     cache = tmp_path / "cache"
     cache.mkdir()
     fails(run("data/shakespeare/prepare.py", "--out_dir", tmp_path / "d", env={**OFFLINE, "NANOVHA_CACHE": str(cache)}),
@@ -390,7 +391,7 @@ def test_resume_on_a_dataset_with_another_vocab(copy, tmp_path, text):
 WRITERS = {  # a command that writes into a run's folder -> its arguments ({data}, {out})
     "train.py": ["--init_from=resume", "--max_iters=20"],
     "fold.py": ["--compile_decode=False", "--gen_tokens=5"],
-    "convert.py": ["--src={out}/ckpt.pt", "--out_name=converted.pt"],
+    "convert.py": ["--src={out}/ckpt.pt", "--out_name=converted.pt"],  # into a conversion's folder, not the run's
 }
 
 
@@ -399,11 +400,13 @@ def test_one_writer_per_out_dir(char_data, copy, command):
     """While another process holds the folder (here: this one), a second writer stops in one line naming it."""
     from nanovha.outputs import holding
     args = [a.format(out=copy) for a in WRITERS[command]]
-    args = train_args(char_data, copy, *args) if command == "train.py" else [f"--out_dir={copy}", *args]
-    before = snapshot(copy)
-    with holding(str(copy)):
+    held = copy.parent / "converted" if command == "convert.py" else copy
+    held.mkdir(exist_ok=True)
+    args = train_args(char_data, copy, *args) if command == "train.py" else [f"--out_dir={held}", *args]
+    before = snapshot(copy.parent)
+    with holding(str(held)):
         fails(run(command, *args), f"is being written by another process (pid {os.getpid()})")
-    assert snapshot(copy) == before
+    assert snapshot(copy.parent) == before
 
 
 RESUMED_WITH = [  # (flag, the line's needle): a setting a resumed run keeps, given as something else

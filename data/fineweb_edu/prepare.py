@@ -17,7 +17,8 @@ Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ 
 """
 import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from data.common import HFEncoding, doc_pieces, gpt2_encoding, gpt2_meta, write_bins
+from data.common import HFEncoding, add_overwrite, doc_pieces, gpt2_encoding, gpt2_meta, write_bins
+from nanovha.outputs import preparing
 
 
 def with_progress(pieces, total):
@@ -42,6 +43,7 @@ def main():
     parser.add_argument("--hf_tokenizer", default="",
                         help="with --tokenizer=hf: the Hugging Face model folder (tokenizer.json) "
                              "of the model to train, e.g. Qwen3-0.6B")
+    add_overwrite(parser)
     args = parser.parse_args()
     if args.num_tokens <= 0 or not 0 < args.val_frac < 1 or args.num_threads < 0:
         raise SystemExit("error: --num_tokens must be > 0, --val_frac between 0 and 1, --num_threads >= 0")
@@ -53,18 +55,19 @@ def main():
     except ImportError:
         raise SystemExit("error: fineweb_edu needs the Hugging Face datasets package: pip install datasets") from None
 
-    enc = HFEncoding(args.hf_tokenizer, args.num_threads or None) if args.hf_tokenizer else gpt2_encoding()
-    try:  # network and hub failures are OSErrors (requests, huggingface_hub): one line, not a traceback
-        ds = load_dataset("HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)
-        docs = (row["text"] for row in ds)
-        meta = {**(enc.meta() if args.hf_tokenizer else gpt2_meta(enc)),
-                "source": "HuggingFaceFW/fineweb-edu sample-10BT"}
-        pieces = with_progress(doc_pieces(docs, enc, args.num_tokens, args.val_frac,
-                                          num_threads=args.num_threads or None), args.num_tokens)
-        meta = write_bins(pieces, args.out_dir, meta)
-    except OSError as e:
-        raise SystemExit(f"error: streaming FineWeb-Edu failed ({type(e).__name__}: {e}); check the network "
-                         "(the Hugging Face hub must be reachable) and run again") from None
+    with preparing(args.out_dir, [("--hf_tokenizer", args.hf_tokenizer)], args.overwrite):  # one writer, checked now
+        enc = HFEncoding(args.hf_tokenizer, args.num_threads or None) if args.hf_tokenizer else gpt2_encoding()
+        try:  # network and hub failures are OSErrors (requests, huggingface_hub): one line, not a traceback
+            ds = load_dataset("HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)
+            docs = (row["text"] for row in ds)
+            meta = {**(enc.meta() if args.hf_tokenizer else gpt2_meta(enc)),
+                    "source": "HuggingFaceFW/fineweb-edu sample-10BT"}
+            pieces = with_progress(doc_pieces(docs, enc, args.num_tokens, args.val_frac,
+                                              num_threads=args.num_threads or None), args.num_tokens)
+            meta = write_bins(pieces, args.out_dir, meta)
+        except OSError as e:
+            raise SystemExit(f"error: streaming FineWeb-Edu failed ({type(e).__name__}: {e}); check the network "
+                             "(the Hugging Face hub must be reachable) and run again") from None
     print(f"train has {meta['train_tokens']:,} tokens, val has {meta['val_tokens']:,} tokens")
     print(f"wrote train.bin, val.bin, meta.pkl to {args.out_dir}")
 

