@@ -1,14 +1,16 @@
 """
-The paper's ablations in miniature: the LM grid. Every variant gets the same steps, data, LR schedule and seeds;
-a seed fixes the init and every batch, so variants are compared seed by seed (paired differences).
+The paper's ablations in miniature: the LM grid. Every variant gets the same steps, data, LR
+schedule and seeds; a seed fixes the init and every batch, so variants are compared seed by seed
+(paired differences).
 
     python ablate.py                  # 11 variants x 3 seeds on shakespeare_char, val loss
     python ablate.py --quick          # 3 variants x 2 seeds, 200 steps: a pipeline check
     python ablate.py --size=gpu       # one GPU: GQA-8, same-deploy GQA and VHA at 120M on FineWeb-Edu, 2 seeds
     python ablate.py report           # rebuild the tables and plot from the finished runs
 
-The recall KV-budget sweep is sweep.py. Any knob below can be overridden with --key=value after the size preset
-(--smoke, --quick, --full). Runs resume (nanovha/experiments.py). Times, with their CPU: docs/lm_grid.md.
+The recall KV-budget sweep is sweep.py. Any knob below can be overridden with --key=value after
+the size preset (--smoke, --quick, --full). Runs resume (nanovha/experiments.py). Times, with
+their CPU: docs/lm_grid.md.
 """
 import csv
 import os
@@ -31,7 +33,8 @@ device = "auto"
 seed = 1337
 jobs = 1  # runs at once
 threads = 0  # CPU threads per run (0: torch's default)
-out_root = "out-ablate"  # LM grid: runs/<variant>/seed<N>/ + results.json, results.csv, report.md, ablate.png
+# LM grid: runs/<variant>/seed<N>/ + results.json, results.csv, report.md, ablate.png
+out_root = "out-ablate"
 variants = "all"
 n_seeds = 3  # seeds seed, seed+1, ...: each gives every variant the same batches
 # the same budget for every variant
@@ -49,10 +52,12 @@ lm_dataset = "shakespeare_char"
 lm_data_dir = ""  # any folder with train.bin/val.bin/meta.pkl
 dtype = ""  # "": keep config/vha_small.py's (auto: bf16 where native, else fp32)
 primary = ""  # a plan's comparisons, e.g. "vha-gqa2": val loss, Holm-corrected over these
-# nanovha/variants.py's names: "vha" is config/vha_small.py alone; the rest add config/ablations/<name>.py
+# nanovha/variants.py's names: "vha" is config/vha_small.py alone; the rest add
+# config/ablations/<name>.py
 VARIANTS = ("gqa8", "gqa2", "gqa2_half_q", "vha", "premix_only", "postmix_only",
             "silu_postmix", "rank4", "rank8", "mla", "mfa")
-# The paper's table (VHA.md: 1.7B, 50B tokens, 8-task zero-shot average). Our rank 4/8 stand in for its 32/128.
+# The paper's table (VHA.md: 1.7B, 50B tokens, 8-task zero-shot average). Our rank 4/8 stand in for
+# its 32/128.
 PAPER = {"gqa8": ("GQA 16Q/8KV (4x cache)", 54.09), "gqa2": ("GQA 16Q/2KV (same deploy)", 53.09),
          "gqa2_half_q": ("GQA 8Q/2KV (same projections)", 52.38), "vha": ("VHA (premix + postmix)", 54.50),
          "premix_only": ("premix only", 53.31), "postmix_only": ("postmix only", 53.95),
@@ -64,7 +69,8 @@ COMPARISONS = [("vha", "gqa2"), ("vha", "gqa8"), ("vha", "gqa2_half_q"),
                ("premix_only", "gqa2"), ("postmix_only", "gqa2"), ("vha", "premix_only"),
                ("vha", "postmix_only"), ("vha", "rank4"), ("vha", "rank8"), ("vha", "silu_postmix"), ("vha", "mfa"),
                ("vha", "mla")]
-PAPER_SAYS_BETTER = {("vha", "silu_postmix"): 1, ("vha", "mla"): 1}  # directions without a 1.7B number
+# directions without a 1.7B number
+PAPER_SAYS_BETTER = {("vha", "silu_postmix"): 1, ("vha", "mla"): 1}
 # -----------------------------------------------------------------------------
 
 
@@ -79,7 +85,8 @@ def parse_args(argv):
 
 # ---- the LM grid ----
 def lm_args(cfg, variant, seed, run_dir):
-    """train.py's argv for one LM run: config files, then the same budget overrides for every variant."""
+    """train.py's argv for one LM run: config files, then the same budget overrides for every
+    variant."""
     base, twins = (cfg["config_dir"], cfg["config_dir"]) if cfg["config_dir"] else ("config", "config/ablations")
     base = os.path.join(base, "vha.py" if cfg["config_dir"] else "vha_small.py")
     files = [base] + ([] if variant == "vha" else [os.path.join(twins, f"{variant}.py")])
@@ -126,7 +133,8 @@ def run_lm(cfg, job):
 def cmd_run(cfg):
     seeds = [cfg["seed"] + i for i in range(cfg["n_seeds"])]
     jobs = [(v, s) for s in seeds for v in cfg["variant_list"]]
-    print(f"LM grid ({cfg['size']}): {len(cfg['variant_list'])} variants x {len(seeds)} seeds = {len(jobs)} runs of "
+    print(f"LM grid ({cfg['size']}): {len(cfg['variant_list'])} variants x {len(seeds)} seeds = "
+          f"{len(jobs)} runs of "
           f"{tokens_per_run(cfg):,} tokens; results in {cfg['out_root']}")
     if cfg["size"] != "full":
         print(f"note: --{cfg['size']} is a reduced grid, a check of the pipeline, not the reproduction")
@@ -135,7 +143,8 @@ def cmd_run(cfg):
 
 
 def comparison_lines(M):
-    """The paper's comparisons as table rows plus a tally, judged by paired differences over shared seeds."""
+    """The paper's comparisons as table rows plus a tally, judged by paired differences over
+    shared seeds."""
     lines = ["| comparison | paper Δ (points) | Δ val loss, paired (mean ± SE) | verdict |", "|---|---|---|---|"]
     tally, n = [], 0  # n: the last comparison's shared seeds (every variant runs the same seeds)
     for a, b in COMPARISONS:
@@ -156,7 +165,8 @@ def comparison_lines(M):
         tally.append(verdict)
         lines.append(f"| {a} vs {b} | {paper_txt} | {fmt_paired(*stat)} | {verdict} |")
     count = lambda s: sum(v.endswith(s) for v in tally)
-    lines += ["", f"- Of {len(tally)} comparisons, {sum(v == 'agrees, resolved' for v in tally)} agree with the paper "
+    lines += ["", f"- Of {len(tally)} comparisons, {sum(v == 'agrees, resolved' for v in tally)} "
+                  f"agree with the paper "
               f"and are resolved, {sum(v == 'opposite, resolved' for v in tally)} go the opposite way and are "
               f"resolved, {count('not resolved')} are not resolved"
               + (f", {len(tally) - count('resolved')} not judged" if len(tally) > count("resolved") else "") + ".",
@@ -167,10 +177,12 @@ def comparison_lines(M):
 
 
 def cmd_report(cfg):
-    """results.json/csv, report.md (our table beside the paper's, its comparisons judged) and ablate.png."""
+    """results.json/csv, report.md (our table beside the paper's, its comparisons judged) and
+    ablate.png."""
     rows = load_results(cfg["out_root"], ("*", "seed*"), lambda r: r["variant"] in cfg["variant_list"])
     if not rows:
-        sys.exit(f"error: no finished runs in {cfg['out_root']}/runs for {', '.join(cfg['variant_list'])}; "
+        sys.exit(f"error: no finished runs in {cfg['out_root']}/runs for "
+                 f"{', '.join(cfg['variant_list'])}; "
                  "run python ablate.py first")
     groups = {v: [r for r in rows if r["variant"] == v] for v in VARIANTS if any(r["variant"] == v for r in rows)}
     write_json(os.path.join(cfg["out_root"], "results.json"), rows)
@@ -187,7 +199,8 @@ def cmd_report(cfg):
              "tokens, LR schedule and seeds (hence the "
              f"same batches){'; model overrides: ' + cfg['model_args'] if cfg['model_args'] else ''}."]
     if cfg["size"] != "full":
-        lines += ["", f"**Reduced grid (--{cfg['size']}): a check of the pipeline, too small to reproduce anything.**"]
+        lines += ["", f"**Reduced grid (--{cfg['size']}): a check of the pipeline, too small to "
+                      f"reproduce anything.**"]
     lines += ["", "## Results (mean ± std over seeds)", "",
               "| variant | paper: 1.7B 8-task avg | val loss ↓ | params | train FLOPs/token | KV B/token (bf16) "
               "| tok/s | wall s |",
@@ -195,8 +208,10 @@ def cmd_report(cfg):
     for v, g in groups.items():
         label, score = PAPER[v]
         lines.append(f"| {v} | {label}: {'-' if score is None else f'{score:.2f}'} | "
-                     f"{fmt([r['val_loss'] for r in g])} | {g[0]['params']:,} | {g[0]['flops_per_token'] / 1e6:.2f}M | "
-                     f"{g[0]['kv_bytes_per_token']} | {fmt([r['tok_per_s'] for r in g if r['tok_per_s']], 1, 0)} | "
+                     f"{fmt([r['val_loss'] for r in g])} | {g[0]['params']:,} | "
+                     f"{g[0]['flops_per_token'] / 1e6:.2f}M | "
+                     f"{g[0]['kv_bytes_per_token']} | "
+                     f"{fmt([r['tok_per_s'] for r in g if r['tok_per_s']], 1, 0)} | "
                      f"{fmt([r['wall_s'] for r in g], 1, 0)} |")
     planned = bool(cfg["primary_list"])
     if planned:
@@ -217,7 +232,8 @@ def cmd_report(cfg):
 
 
 def plot_lm(groups, cfg):
-    """Val loss curves, mean over seeds, from the first eval after step 0 (step 0 dwarfs the rest)."""
+    """Val loss curves, mean over seeds, from the first eval after step 0 (step 0 dwarfs the
+    rest)."""
     plt = pyplot()
     if plt is None:
         return None
@@ -239,7 +255,8 @@ def plot_lm(groups, cfg):
 
 def main():
     command, cfg = parse_args(sys.argv[1:])
-    lock = hold_root(cfg["out_root"])  # one command per root: two would race on its runs and reports
+    # one command per root: two would race on its runs and reports
+    lock = hold_root(cfg["out_root"])
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     {"run": cmd_run, "report": cmd_report}[command](cfg)

@@ -1,13 +1,14 @@
 """
-Training throughput and paper-scale costs (nanoGPT's bench.py role; decode speed is bench_decode.py).
+Training throughput and paper-scale costs (nanoGPT's bench.py role; decode speed is
+bench_decode.py).
 
     python bench.py                   # training tokens/s: VHA vs GQA-8 vs the same-deploy GQA, interleaved
     python bench.py --dtype=bfloat16  # the same under bf16 autocast
     python bench.py --costs=True      # the paper's 1.7B shapes: params, KV bytes, training FLOPs (meta device)
 
-Speed does not depend on training, so the models have random weights; the variants take one optimizer step
-each in turn (machine noise hits them alike), and figures are medians with warm-up steps excluded. The last
-stdout line is one JSON object with every figure.
+Speed does not depend on training, so the models have random weights; the variants take one
+optimizer step each in turn (machine noise hits them alike), and figures are medians with warm-up
+steps excluded. The last stdout line is one JSON object with every figure.
 """
 import json
 import os
@@ -34,9 +35,11 @@ vha_kv_head = 2  # VHA: n_head virtual heads from n_head / vha_kv_head physical 
 batch_size = 16
 block_size = 256  # tokens per sequence
 train_steps = 10  # timed steps per variant
-train_variants = "all"  # all, or a comma list of vha, gqa8 and gqaK (K = vha_kv_head: the model VHA folds into)
+# all, or a comma list of vha, gqa8 and gqaK (K = vha_kv_head: the model VHA folds into)
+train_variants = "all"
 warmup = 3  # untimed steps per variant
-cost_base = "config/paper_1p7b_gqa8.py"  # every cost config is a diff applied after it (the base itself: none)
+# every cost config is a diff applied after it (the base itself: none)
+cost_base = "config/paper_1p7b_gqa8.py"
 cost_configs = ("config/paper_1p7b_gqa8.py,config/paper_1p7b_gqa2.py,config/paper_1p7b_gqa_8q2kv.py,"
                 "config/paper_1p7b_vha.py,config/paper_1p7b_mla.py,config/paper_1p7b_mfa.py")
 device = "auto"
@@ -72,7 +75,8 @@ def run_train():
     kinds = {name: overrides(name, n_head, head_dim, n_embd, vha_kv_head)  # nanovha/variants.py
              for name in ("vha", "gqa8", f"gqa{vha_kv_head}")}
     chosen = list(kinds) if train_variants == "all" else train_variants.split(",")
-    need(chosen and set(chosen) <= set(kinds), f"train_variants: all, or a comma list of {', '.join(kinds)}; "
+    need(chosen and set(chosen) <= set(kinds), f"train_variants: all, or a comma list of "
+                                               f"{', '.join(kinds)}; "
                                                f"got {train_variants!r}")
     kinds = {name: kw for name, kw in kinds.items() if name in chosen}
     autocast = torch.autocast(device_type, dtype=ptdtype) if dtype == "bfloat16" else nullcontext()
@@ -94,7 +98,8 @@ def run_train():
             opt.zero_grad(set_to_none=True)
         steps[name] = step
     print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, compile {compile}; {n_layer} layers, "
-          f"width {n_embd}, {n_head} query heads of dim {head_dim}, batch {batch_size} x {block_size} tokens; "
+          f"width {n_embd}, {n_head} query heads of dim {head_dim}, batch {batch_size} x "
+          f"{block_size} tokens; "
           f"{train_steps} timed steps (+{warmup} warm-up) per model, interleaved")
     seconds = interleaved(steps, train_steps, warmup, device_type)
     # dense bf16 FLOP/s; None: unknown
@@ -119,11 +124,13 @@ def run_train():
     targets = train_targets(named)
     return dict(mode="train", device=device, dtype=dtype, threads=torch.get_num_threads(), compile=compile,
                 block_size=block_size, batch_size=batch_size, results=rows, targets=targets,
-                compile_counters=compile_counters() if compile else None)  # graphs, breaks: one graph per model
+                # graphs, breaks: one graph per model
+                compile_counters=compile_counters() if compile else None)
 
 
 def train_targets(named):
-    """{variant: row} -> the speed targets of the models present, printed: VHA >= 1.05x GQA-8, VHA >= same-deploy."""
+    """{variant: row} -> the speed targets of the models present, printed: VHA >= 1.05x GQA-8,
+    VHA >= same-deploy."""
     vha, same, targets, said = named.get("vha"), named.get(f"gqa{vha_kv_head}"), {}, []
     if vha and "gqa8" in named:
         targets["vha_over_gqa8"] = ratio = vha["speed_vs_gqa8"]
@@ -140,8 +147,8 @@ def train_targets(named):
 PAPER_VOCAB = 151936  # Qwen3's tokenizer; train.py takes the vocab from the dataset, so the config files cannot set it
 
 
-# the paper's training/prefill GFLOPs per token at 1.7B, S=4096 (1 KB/layer/token except GQA-8); it gives no MLA
-# figure there
+# the paper's training/prefill GFLOPs per token at 1.7B, S=4096 (1 KB/layer/token except GQA-8); it
+# gives no MLA figure there
 PAPER_GFLOPS = {"paper_1p7b_gqa8.py": 10.61, "paper_1p7b_vha.py": 9.78, "paper_1p7b_mfa.py": 15.90}
 
 
@@ -191,7 +198,8 @@ def run_costs():
         kv_ok = (ref["kv_bytes_per_layer"], vha["kv_bytes_per_layer"]) == (4096, 1024)
         print(f"KV per layer per token (bf16): {ref['config']} {ref['kv_bytes_per_layer']} B vs {vha['config']} "
               f"{vha['kv_bytes_per_layer']} B (paper: 4 KB vs 1 KB)  {verdict(kv_ok)}")
-        print(f"training FLOPs/token reduction of {vha['config']} vs {ref['config']}: {out['flops_reduction']:.2%} "
+        print(f"training FLOPs/token reduction of {vha['config']} vs {ref['config']}: "
+              f"{out['flops_reduction']:.2%} "
               f"(paper: 6.5%-8.1%)  {verdict(0.065 <= out['flops_reduction'] <= 0.081)}")
     return out
 

@@ -1,16 +1,18 @@
 """
-Decode speed vs context: what the small KV cache buys at deployment, against the memory roofline and against
-llama.cpp on the same weights (training throughput and the paper-scale costs are bench.py).
+Decode speed vs context: what the small KV cache buys at deployment, against the memory roofline
+and against llama.cpp on the same weights (training throughput and the paper-scale costs are
+bench.py).
 
     python bench_decode.py --plot=decode.png       # decode: MHA, GQA-8/4/2, MQA, a folded VHA, MLA and MFA vs context
     python bench_decode.py --variants=mha,gqa2,vha_folded --contexts=1024,4096,16384
     python bench_decode.py --ckpt=out-vha-small/ckpt.pt   # add a trained checkpoint (a VHA one is folded first)
 
-Speed does not depend on training, so the models have random weights. Variants are timed interleaved (one step of
-each in turn), so machine noise hits them alike; figures are medians with warm-up steps excluded. Each variant runs
-compiled (on a CPU an AOTInductor package per model, built once and cached: nanovha/compiled_decode.py; on CUDA,
-CUDA graphs) and eagerly, in the same rounds; the compile time, the time to first token and the break-even length
-are printed beside tokens/s. With llama-cpp-python installed, the folded VHA model (and --ckpt) also runs in
+Speed does not depend on training, so the models have random weights. Variants are timed
+interleaved (one step of each in turn), so machine noise hits them alike; figures are medians
+with warm-up steps excluded. Each variant runs compiled (on a CPU an AOTInductor package per
+model, built once and cached: nanovha/compiled_decode.py; on CUDA, CUDA graphs) and eagerly, in
+the same rounds; the compile time, the time to first token and the break-even length are printed
+beside tokens/s. With llama-cpp-python installed, the folded VHA model (and --ckpt) also runs in
 llama.cpp in the same rounds. The last stdout line is one JSON object with every figure.
 """
 import copy
@@ -49,20 +51,25 @@ block_size = 256  # the models' training context (decode runs past it with a lar
 variants = "mha,gqa8,gqa4,gqa2,mqa,vha_folded,mla,mfa"  # DECODE_VARIANTS, or any gqaN (N KV heads)
 contexts = "auto"  # comma-separated; auto: 1K..16K on CPU, 1K..128K on CUDA
 decode_steps = 30  # timed steps per variant and context
-prefill_max = None  # prefill (TTFT) is timed at min(context, prefill_max); None: 2048 on CPU, 32768 on CUDA
+# prefill (TTFT) is timed at min(context, prefill_max); None: 2048 on CPU, 32768 on CUDA
+prefill_max = None
 prefill_repeats = 3
-decode_impl = "auto"  # one-token attention: grouped, sdpa, or auto (sdpa on CUDA in bf16/fp16, else grouped)
+# one-token attention: grouped, sdpa, or auto (sdpa on CUDA in bf16/fp16, else grouped)
+decode_impl = "auto"
 ckpt = ""  # a nanoVHA checkpoint to benchmark as variant "ckpt"; the other variants take its shape
 copy_mib = 1024  # size of the tensor copy that measures the peak bandwidth
-matmul_n = 1024  # the n^3 matmul that measures the compute peak (a GPU needs about 8192 to approach its own)
+# the n^3 matmul that measures the compute peak (a GPU needs about 8192 to approach its own)
+matmul_n = 1024
 weight_layout = "in_out"  # Linear weights in memory: in_out (GPT.use_decode_layout) or out_in (PyTorch's default)
 plot = ""  # PNG path: tokens/s and KV memory vs context
-llama_cpp = True  # also time vha_folded (and ckpt) in llama.cpp, when llama-cpp-python is importable (CPU only)
+# also time vha_folded (and ckpt) in llama.cpp, when llama-cpp-python is importable (CPU only)
+llama_cpp = True
 # system
 warmup = 3  # untimed steps per variant
 device = "auto"
 dtype = "auto"  # weights and cache. auto: CUDA bf16; a CPU plans on vha_folded (nanovha/plan.py)
-compile = "auto"  # auto: aot on a CPU, graphs on CUDA; aot (AOTInductor package), graphs (torch.compile), off
+# auto: aot on a CPU, graphs on CUDA; aot (AOTInductor package), graphs (torch.compile), off
+compile = "auto"
 eager = True  # with a compiled step: also time every variant eagerly, in the same rounds
 compile_autotune = True  # aot: inductor's C++ GEMM templates tuned per shape (faster steps, a longer build)
 compile_cache = ""  # where AOTInductor packages are kept ("": $NANOVHA_CACHE/compiled, ~/.cache/nanovha/compiled)
@@ -82,10 +89,11 @@ shape = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_em
 
 
 def resolve_auto(device_type, decode_impl, prefill_max, compile):
-    """The device's defaults for decode_impl "auto", prefill_max None and compile "auto". CUDA: SDPA decode (grouped
-    for float32 weights: no fp32 SDPA kernel takes grouped heads), prefill up to 32K, CUDA graphs. Elsewhere grouped
-    decode (CPU SDPA at one query does per-query-head work, however few KV heads there are), prefill up to 2K, and
-    an AOTInductor package (CPU; MPS: off)."""
+    """The device's defaults for decode_impl "auto", prefill_max None and compile "auto". CUDA:
+    SDPA decode (grouped for float32 weights: no fp32 SDPA kernel takes grouped heads), prefill
+    up to 32K, CUDA graphs. Elsewhere grouped decode (CPU SDPA at one query does per-query-head
+    work, however few KV heads there are), prefill up to 2K, and an AOTInductor package (CPU;
+    MPS: off)."""
     cuda = device_type == "cuda"
     half = cuda and dtype in ("auto", "bfloat16", "float16")
     decode_impl = ("sdpa" if half else "grouped") if decode_impl == "auto" else decode_impl
@@ -96,8 +104,10 @@ def resolve_auto(device_type, decode_impl, prefill_max, compile):
 
 
 decode_impl, prefill_max, compile = resolve_auto(device_type, decode_impl, prefill_max, compile)
-need(compile != "aot" or device_type == "cpu", f"compile=aot builds a CPU package; on {device_type} use graphs or off")
-stop_if(plot and figure_problem(plot, "--plot", {"--ckpt": ckpt and start_path(ckpt)}))  # now, not after the bench
+need(compile != "aot" or device_type == "cpu", f"compile=aot builds a CPU package; on "
+                                               f"{device_type} use graphs or off")
+# now, not after the bench
+stop_if(plot and figure_problem(plot, "--plot", {"--ckpt": ckpt and start_path(ckpt)}))
 if threads:
     torch.set_num_threads(threads)
 if compile == "graphs":
@@ -124,10 +134,11 @@ def build(**kw):
 
 # ----------------------------------------------------------------------------- the models
 def attention_of(name):
-    """Variant name -> GPTConfig overrides (nanovha/variants.py at this shape). vha_folded, mla and mfa get the cache
-    of vha_kv_head KV heads (GQA-2's bytes)."""
+    """Variant name -> GPTConfig overrides (nanovha/variants.py at this shape). vha_folded, mla
+    and mfa get the cache of vha_kv_head KV heads (GQA-2's bytes)."""
     need(name in DECODE_VARIANTS or GQA_N.fullmatch(name),
-         f"unknown variant {name!r}: choose from mha, mqa, gqaN (N KV heads, e.g. gqa2), vha_folded, mla, mfa, "
+         f"unknown variant {name!r}: choose from mha, mqa, gqaN (N KV heads, e.g. gqa2), "
+         f"vha_folded, mla, mfa, "
          f"ckpt (with --ckpt)")
     arch = overrides(name, shape["n_head"], shape["head_dim"], shape["n_embd"], vha_kv_head)
     kv = arch["n_kv_head"]
@@ -153,7 +164,8 @@ def fold(vha, tag):
 
 
 def decode_models():
-    """name -> model (float32, eval; a VHA one, random or --ckpt, folded first), the fold checks, --ckpt's meta."""
+    """name -> model (float32, eval; a VHA one, random or --ckpt, folded first), the fold checks,
+    --ckpt's meta."""
     names, models, fold_diffs, meta = [v for v in variants.split(",") if v and v != "ckpt"], {}, {}, None
     need(ckpt or "ckpt" not in variants.split(","), "variant 'ckpt' needs --ckpt=PATH")
     if ckpt:
@@ -173,7 +185,8 @@ def decode_models():
     for name in names:
         torch.manual_seed(seed)
         model = build(**attention_of(name))
-        if name == "vha_folded":  # move premix and postmix away from the identity, so the fold has work to do
+        # move premix and postmix away from the identity, so the fold has work to do
+        if name == "vha_folded":
             with torch.no_grad():
                 for block in model.blocks:
                     block.attn.premix.add_(0.1 * torch.randn_like(block.attn.premix))
@@ -184,9 +197,9 @@ def decode_models():
 
 
 def time_attention(models, ctx, ptdtype, runtime):
-    """Median s/token of the one-token attention alone (every layer, no projections, run eagerly as `runtime` calls
-    it), over ctx random K/V per layer: the part of a decode step that grows with the cache, without the weights
-    it evicts."""
+    """Median s/token of the one-token attention alone (every layer, no projections, run eagerly
+    as `runtime` calls it), over ctx random K/V per layer: the part of a decode step that grows
+    with the cache, without the weights it evicts."""
     fns, rand = {}, lambda *shape: torch.randn(*shape, device=device, dtype=ptdtype)
     for name, model in models.items():
         c = model.cfg
@@ -208,14 +221,16 @@ def time_attention(models, ctx, ptdtype, runtime):
 
 
 def weight_bytes(model):
-    """Bytes of weights one decode step reads (an untied embedding only reads B rows: not counted)."""
+    """Bytes of weights one decode step reads (an untied embedding only reads B rows: not
+    counted)."""
     n = sum(p.numel() * p.element_size() for p in model.parameters())
     return n if model.cfg.tie_embeddings else n - model.embed.weight.numel() * model.embed.weight.element_size()
 
 
 def compiled_steps(models):
-    """name -> (the compiled one-token step, seconds it took to build or load, whether it was built), for the
-    compiled runtime: an AOTInductor package (CPU) or torch.compile with CUDA graphs."""
+    """name -> (the compiled one-token step, seconds it took to build or load, whether it was
+    built), for the compiled runtime: an AOTInductor package (CPU) or torch.compile with CUDA
+    graphs."""
     steps, folder = {}, compile_cache or default_folder()
     for name, model in models.items():
         t0 = time.perf_counter()
@@ -224,39 +239,46 @@ def compiled_steps(models):
             steps[name] = (step, step.seconds, step.built)
         elif compile == "graphs":  # compiled at its first call, timed there
             steps[name] = (torch.compile(model.decode_one_token, fullgraph=True, mode="reduce-overhead"), 0.0, True)
-        print(f"{name}: compiled step {'built' if steps[name][2] else 'loaded'} in {time.perf_counter() - t0:.1f} s"
+        print(f"{name}: compiled step {'built' if steps[name][2] else 'loaded'} in "
+              f"{time.perf_counter() - t0:.1f} s"
               + (f" ({step.path})" if compile == "aot" else ""))
     return steps
 
 
 def decode_step(model, ctx, runtime, compiled):
-    """A closure that decodes one token at positions ctx, ctx+1, ... (the cache holds positions < ctx)."""
+    """A closure that decodes one token at positions ctx, ctx+1, ... (the cache holds positions <
+    ctx)."""
     token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
     if runtime == "eager":  # an int position: attention reads the filled prefix
         positions = itertools.count(ctx)
         return lambda: model.decode_one_token(token, next(positions))
-    pos = torch.tensor([ctx], device=device)  # a tensor position: static shapes, the cache masked past it
+    # a tensor position: static shapes, the cache masked past it
+    pos = torch.tensor([ctx], device=device)
     return lambda: (compiled[0](token, pos), pos.add_(1))
 
 
 def time_decode(models, ctx, compiled, runners={}):
-    """Median s/token at context ctx of every (model, runtime) -> ({(name, runtime): s}, {name: KV bytes allocated},
-    {name: seconds of the first compiled call}). The context is random K/V written straight into the cache (a real
-    prefill of 16K tokens takes ~20 s per variant on CPU; speed ignores the values). llama.cpp runners are filled by
-    a real prefill (its time to first token kept in runner.ttft) and join the rounds."""
+    """Median s/token at context ctx of every (model, runtime) -> ({(name, runtime): s}, {name:
+    KV bytes allocated}, {name: seconds of the first compiled call}). The context is random K/V
+    written straight into the cache (a real prefill of 16K tokens takes ~20 s per variant on CPU;
+    speed ignores the values). llama.cpp runners are filled by a real prefill (its time to first
+    token kept in runner.ttft) and join the rounds."""
     steps, kv_alloc, first = {}, {}, {}
-    with torch.inference_mode():  # no autograd bookkeeping (and one CUDA graph, not a no_grad one and then another)
+    # no autograd bookkeeping (and one CUDA graph, not a no_grad one and then another)
+    with torch.inference_mode():
         for name, model in models.items():
             random_context(model, ctx, ctx + 1 + warmup + decode_steps, batch_size)
             kv_alloc[name] = sum(b.attn.kv_cache.k.nbytes + b.attn.kv_cache.v.nbytes for b in model.blocks)
             for runtime in runtimes:
                 steps[(name, runtime)] = decode_step(model, ctx, runtime, compiled.get(name))
                 if runtime != "eager":
-                    first[name] = timed(steps[(name, runtime)])  # CUDA graphs: the compile and the recording
+                    # CUDA graphs: the compile and the recording
+                    first[name] = timed(steps[(name, runtime)])
         for name, (runner, base) in runners.items():
             runner.load(ctx + 1 + warmup + decode_steps)
             runner.ttft[min(ctx, prefill_max)] = runner.fill(ctx, prefill_max)
-            steps[(name, "llama.cpp")], kv_alloc[name] = runner.step, kv_alloc[base]  # the same cache dtype and shape
+            # the same cache dtype and shape
+            steps[(name, "llama.cpp")], kv_alloc[name] = runner.step, kv_alloc[base]
         seconds = interleaved(steps, decode_steps)  # (a runner's context is freed by its next load)
     for model in models.values():  # free the caches before the next context
         for block in model.blocks:
@@ -267,7 +289,8 @@ def time_decode(models, ctx, compiled, runners={}):
 
 
 def time_prefill(models, length):
-    """Median seconds of a prefill of `length` tokens (eager: the time to first token after the model is loaded)."""
+    """Median seconds of a prefill of `length` tokens (eager: the time to first token after the
+    model is loaded)."""
     prompt = torch.randint(shape["vocab_size"], (batch_size, length), device=device)
     for model in models.values():
         model.setup_cache(batch_size, length)
@@ -288,7 +311,8 @@ def op_floor_model(ptdtype):
 
 # ----------------------------------------------------------------------------- the report
 def decode_table(models, ctxs, bw, runners, compiled, ptdtype):
-    """Prefill (TTFT) and decode at every context -> one row per (variant, runtime, context), printed."""
+    """Prefill (TTFT) and decode at every context -> one row per (variant, runtime, context),
+    printed."""
     prefill = {length: time_prefill(models, length) for length in sorted({min(c, prefill_max) for c in ctxs})}
     rows, first_calls = [], {}
     for ctx in ctxs:
@@ -298,7 +322,8 @@ def decode_table(models, ctxs, bw, runners, compiled, ptdtype):
             model, p_len = models[runners[name][1] if name in runners else name], min(ctx, prefill_max)
             ttft = runners[name][0].ttft[p_len] if name in runners else prefill[p_len][name]
             kv_tok = kv_bytes_per_token(model.cfg, ptdtype)
-            step_bytes = weight_bytes(model) + kv_tok * ctx * batch_size  # read once per decoded token
+            # read once per decoded token
+            step_bytes = weight_bytes(model) + kv_tok * ctx * batch_size
             rows.append(dict(variant=name, runtime=runtime, ctx=ctx, kv_bytes_per_token=kv_tok,
                              kv_cache_mb=kv_alloc[name] / 1e6, prefill_len=p_len, ttft_ms=ttft * 1e3,
                              prefill_tok_s=batch_size * p_len / ttft, decode_ms=s * 1e3, decode_tok_s=batch_size / s,
@@ -313,17 +338,20 @@ def decode_table(models, ctxs, bw, runners, compiled, ptdtype):
 
 
 def compile_costs(models, at, ctx, compiled, first_calls):
-    """What the compiled step costs and when it pays, per variant at context ctx: the seconds to build it (or to load
-    a cached package), eager and compiled ms/token, and the break-even: the tokens after which build + compiled
-    decode beats eager decode. -> {variant: figures}, printed."""
+    """What the compiled step costs and when it pays, per variant at context ctx: the seconds to
+    build it (or to load a cached package), eager and compiled ms/token, and the break-even: the
+    tokens after which build + compiled decode beats eager decode. -> {variant: figures},
+    printed."""
     costs = {}
     for name in models:
-        build_s = compiled[name][1] + first_calls.get(name, 0.0)  # aot: build or load; graphs: the first call
+        # aot: build or load; graphs: the first call
+        build_s = compiled[name][1] + first_calls.get(name, 0.0)
         c_ms, e_ms = at[(name, compile, ctx)]["decode_ms"], at[(name, "eager", ctx)]["decode_ms"]
         saved = (e_ms - c_ms) / 1e3
         costs[name] = dict(variant=name, built=compiled[name][2], build_s=build_s, eager_ms=e_ms, compiled_ms=c_ms,
                            speedup=e_ms / c_ms, break_even_tokens=build_s / saved if saved > 0 else None)
-    print(f"\nthe compiled step ({compile}) at context {ctx}: its cost and when it pays (break-even: the tokens after "
+    print(f"\nthe compiled step ({compile}) at context {ctx}: its cost and when it pays "
+          f"(break-even: the tokens after "
           f"which building it and decoding compiled beat decoding eagerly; a cached package only costs its load)")
     print_table(costs.values(), [("variant", "variant", "{}"), ("built (else loaded)", "built", "{}"),
                                  ("build/load s", "build_s", "{:.1f}"), ("eager ms/tok", "eager_ms", "{:.2f}"),
@@ -333,12 +361,13 @@ def compile_costs(models, at, ctx, compiled, first_calls):
 
 
 def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
-    """Where a token's time goes at context `top`, in the first runtime (compiled if on): the fixed part (a step at
-    context 1: weights + per-op overhead), the part that grows with the cache, and the attention alone against its
-    roof (llama.cpp rows: the same split, no attention alone). -> ({variant: figures}, the per-op floor in ms, the
-    matmul peak in FLOP/s), printed."""
+    """Where a token's time goes at context `top`, in the first runtime (compiled if on): the
+    fixed part (a step at context 1: weights + per-op overhead), the part that grows with the
+    cache, and the attention alone against its roof (llama.cpp rows: the same split, no attention
+    alone). -> ({variant: figures}, the per-op floor in ms, the matmul peak in FLOP/s), printed."""
     runtime = runtimes[0]
-    floor = {"op_floor": op_floor_model(ptdtype)}  # the same ops at head dim 2, no bandwidth to speak of
+    # the same ops at head dim 2, no bandwidth to speak of
+    floor = {"op_floor": op_floor_model(ptdtype)}
     floor_compiled = dict(compiled, **(compiled_steps(floor) if runtime != "eager" else {}))
     floor_s = time_decode(dict(models, **floor), 1, floor_compiled, runners)[0]
     floor_ms = {n: s * 1e3 for (n, r), s in floor_s.items() if r in (runtime, "llama.cpp")}
@@ -349,9 +378,12 @@ def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
         r = at[(name, "llama.cpp" if name in runners else runtime, top)]
         weights_ms, c = weight_bytes(model) / bw * 1e3, model.cfg
         kv_ms, kv_bytes = r["decode_ms"] - floor_ms[name], r["mb_per_step"] * 1e6 - weight_bytes(model)
-        width = (2 * c.mla_kv_rank + c.mla_rope_dim) if c.attn == "mla" else 2 * c.head_dim  # QK^T + PV widths
-        attn_flops = 2 * c.n_layer * c.n_head * width * top * batch_size  # 2 FLOPs per multiply-accumulate
-        attn_roof_ms = max(kv_bytes / bw, attn_flops / flops_peak) * 1e3  # the roofline: bytes or FLOPs, the slower
+        # QK^T + PV widths
+        width = (2 * c.mla_kv_rank + c.mla_rope_dim) if c.attn == "mla" else 2 * c.head_dim
+        # 2 FLOPs per multiply-accumulate
+        attn_flops = 2 * c.n_layer * c.n_head * width * top * batch_size
+        # the roofline: bytes or FLOPs, the slower
+        attn_roof_ms = max(kv_bytes / bw, attn_flops / flops_peak) * 1e3
         breakdown[name] = dict(variant=name, ms_ctx1=floor_ms[name], weights_ms=weights_ms,
                                overhead_ms=floor_ms[name] - weights_ms, ms_top=r["decode_ms"], kv_ms=kv_ms,
                                kv_gb_s=kv_bytes / kv_ms / 1e6 if kv_ms > 0 else None,
@@ -393,7 +425,8 @@ def run_decode():
                            f"the KV caches at context {max(ctxs):,} (batch {batch_size}) and every variant's weights",
                            "lower --contexts or --batch_size, or bench fewer --variants"))
     probe = models.get("vha_folded") or next(iter(models.values()))  # "auto" plans on the folded VHA model
-    if device_type == "cpu" and dtype == "auto":  # nanovha/plan.py: timed on this model at both ends of the contexts
+    # nanovha/plan.py: timed on this model at both ends of the contexts
+    if device_type == "cpu" and dtype == "auto":
         plan = decode_plan(probe, compile_cache or default_folder(), (min(ctxs), max(ctxs)), build=compile == "aot",
                            runtimes=("compiled", "eager") if compile == "aot" else ("eager",), by="bench_decode.py")
         dtype_name, why = plan.dtype, f"{plan.dtype} (plan: {plan.line})"
@@ -413,7 +446,8 @@ def run_decode():
           f"{decode_impl}, runtimes {', '.join(runtimes)}, weights {weight_layout}; {c.n_layer} layers, width "
           f"{c.n_embd}, {c.n_head} query heads of dim {c.head_dim}, vocab {c.vocab_size}")
     print(f"peak bandwidth (copy of {copy_mib} MiB, read + write): {bw / 1e9:.1f} GB/s")
-    print(f"decode: the context is random K/V written into the cache (no prefill), then {decode_steps} timed steps "
+    print(f"decode: the context is random K/V written into the cache (no prefill), then "
+          f"{decode_steps} timed steps "
           f"(+{warmup} warm-up) per variant and runtime, interleaved; prefill (TTFT) timed separately at "
           f"min(context, {prefill_max})")
     compiled = compiled_steps(models) if compile != "off" else {}
@@ -427,7 +461,8 @@ def run_decode():
     for runner, _ in runners.values():
         runner.close()
     if plot:
-        plot_decode(rows, ctxs, plot, runtimes, f"decode on {device} ({dtype_name}, batch {batch_size}, {runtimes[0]})")
+        plot_decode(rows, ctxs, plot, runtimes, f"decode on {device} ({dtype_name}, batch "
+                                                f"{batch_size}, {runtimes[0]})")
     return dict(mode="decode", device=device, cpu=cpu_kind() if device_type == "cpu" else None, dtype=dtype_name,
                 dtype_reason=why, threads=torch.get_num_threads(), batch_size=batch_size, decode_impl=decode_impl,
                 compile=compile, runtimes=runtimes, weight_layout=weight_layout,

@@ -1,5 +1,6 @@
 """
-Folds a trained VHA checkpoint into the plain GQA model it already is, then proves it on real text:
+Folds a trained VHA checkpoint into the plain GQA model it already is, then proves it on real
+text:
 
     python fold.py --out_dir=out-vha-small                          # writes out-vha-small/ckpt_folded.pt
     python fold.py --out_dir=out-vha-small --plot=True              # + fold_analysis.png and a per-layer table
@@ -42,7 +43,8 @@ from nanovha.qwen3 import hf_compare, hf_export_problem, write_hf
 out_dir = "out"
 ckpt_name = "ckpt.pt"  # the VHA checkpoint to fold (a GQA/MHA one is accepted only with an export)
 out_name = "ckpt_folded.pt"
-export_hf = ""  # folder: also write the (folded) model as a Hugging Face Qwen3ForCausalLM checkpoint
+# folder: also write the (folded) model as a Hugging Face Qwen3ForCausalLM checkpoint
+export_hf = ""
 export_gguf = ""  # file: also write the (folded) model as GGUF (architecture qwen3) for llama.cpp
 gguf_dtype = "float32"  # the GGUF's matrices: float32, float16 or bfloat16 (norm weights stay float32)
 plot = False  # save out_dir/fold_analysis.png and print what premix/postmix learned, layer by layer
@@ -55,14 +57,16 @@ compile_decode = True  # CPU: also build the folded model's compiled decode step
 compile_cache = ""  # where compiled packages and plans are kept ("": $NANOVHA_CACHE/compiled)
 plan_tokens = 500  # the generation the decode plan is timed for (sample.py's default max_new_tokens)
 replan = False  # measure the decode plan again even if one is kept for this shape and machine
-overwrite = False  # True: replace an existing --export_hf folder or --export_gguf file (never an input)
+# True: replace an existing --export_hf folder or --export_gguf file (never an input)
+overwrite = False
 defaults = flat_defaults(globals())
 LIMITS = {"eval_batches": at_least(1), "batch_size": at_least(1), "gguf_dtype": GGUF_DTYPES}
 # -----------------------------------------------------------------------------
 
 
 def proof_folders(ckpt):
-    """The data folders whose val.bin the proof may read: the training run's data_dir, then data/<dataset>."""
+    """The data folders whose val.bin the proof may read: the training run's data_dir, then
+    data/<dataset>."""
     config = ckpt.get("config") or {}
     repo = os.path.dirname(os.path.abspath(__file__))
     return [config.get("data_dir") or "",
@@ -83,7 +87,8 @@ def proof_tokens(ckpt, vocab_size, block_size, n_seqs):
         if T < 2:
             continue
         starts = torch.randint(len(data) - T, (n_seqs,), generator=gen).tolist()
-        tokens = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts])  # (n_seqs, T)
+        # (n_seqs, T)
+        tokens = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts])
         if int(tokens.max()) < vocab_size:
             return tokens, f"{n_seqs} x {T} tokens of {path}"
     tried = " or ".join(filter(None, folders)) or "(the checkpoint names no dataset)"
@@ -98,14 +103,16 @@ def logit_diff(model_a, model_b, tokens):
     for x in tokens.split(batch_size):
         diff = (model_a(x)[0] - model_b(x)[0]).abs()  # (B, T, vocab)
         worst = diff.max().item()
-        biggest = worst if math.isnan(worst) or math.isnan(biggest) else max(biggest, worst)  # NaN stays NaN
+        # NaN stays NaN
+        biggest = worst if math.isnan(worst) or math.isnan(biggest) else max(biggest, worst)
         total, count = total + diff.sum().item(), count + diff.numel()
     return biggest, total / count
 
 
 @torch.no_grad()
 def first_difference(model_a, model_b, prompt):
-    """Greedy-generates gen_tokens with both models; None if identical, else the first differing index."""
+    """Greedy-generates gen_tokens with both models; None if identical, else the first differing
+    index."""
     out_a, out_b = (generate(m, prompt, gen_tokens, temperature=0)[0, prompt.size(1):] for m in (model_a, model_b))
     differ = (out_a != out_b).nonzero()
     return None if len(differ) == 0 else int(differ[0])
@@ -123,7 +130,8 @@ def analysis(model):
     same_group = heads[:, None] // group == heads[None, :] // group  # (H, H)
     rows = []
     for block in model.blocks:
-        h, row = layer_health(block.attn), {}  # the same per-layer numbers train.py logs (averaged) via vha_health
+        # the same per-layer numbers train.py logs (averaged) via vha_health
+        h, row = layer_health(block.attn), {}
         if "premix_dev" in h:
             row["premix_dev"] = h["premix_dev"].tolist()
         if "premix_group_div" in h:
@@ -144,7 +152,8 @@ def analysis(model):
 def print_analysis(model, rows):
     c = model.cfg
     group = c.n_attn_head // c.n_kv_head
-    chance = (group - 1) / max(1, c.n_attn_head - 1)  # intra-group share if off-diagonal mass were spread evenly
+    # intra-group share if off-diagonal mass were spread evenly
+    chance = (group - 1) / max(1, c.n_attn_head - 1)
     print(f"per layer (premix: ||P_g - I||_F for the {c.n_kv_head} groups; postmix: M = I + V U^T over "
           f"{c.n_attn_head} heads, {group} per KV group; intra-group share by chance: {chance:.2f})")
     print(f"{'layer':>5}  "
@@ -157,8 +166,9 @@ def print_analysis(model, rows):
 
 
 def save_plot(model, rows, path):
-    """Top row: M per layer, KV groups boxed; the colour scale spans the off-diagonal entries, so the
-    diagonal (about 1) saturates and what postmix mixes stays visible. Bottom row: premix deviation per group."""
+    """Top row: M per layer, KV groups boxed; the colour scale spans the off-diagonal entries, so
+    the diagonal (about 1) saturates and what postmix mixes stays visible. Bottom row: premix
+    deviation per group."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -204,9 +214,10 @@ def outputs(dst):
 
 
 def check_args(src, dst):
-    """One-line refusals of the arguments themselves, before anything is read (nanovha/outputs.py): no output over
-    an input (the checkpoint, the run's log) or another output, none in another run's folder, an existing export only
-    with --overwrite=True, --out_name a file name in out_dir, every output folder writable."""
+    """One-line refusals of the arguments themselves, before anything is read
+    (nanovha/outputs.py): no output over an input (the checkpoint, the run's log) or another
+    output, none in another run's folder, an existing export only with --overwrite=True,
+    --out_name a file name in out_dir, every output folder writable."""
     if export_hf and os.path.exists(export_hf) and not os.path.isdir(export_hf):
         return f"--export_hf={export_hf} is a file, not a folder"
     if export_gguf and os.path.isdir(export_gguf):
@@ -223,16 +234,20 @@ def check_model(src, c, meta):
     """Why this checkpoint cannot be folded (or exported as asked), in one line, or None."""
     if c.attn in ("mla", "mfa"):
         return (f"nothing to fold: {src} is {c.attn.upper()} (attn={c.attn!r}), which has no premix or postmix; "
-                f"only VHA checkpoints fold, and the exports write Qwen3, which has no {c.attn.upper()} attention")
+                f"only VHA checkpoints fold, and the exports write Qwen3, which has no "
+                f"{c.attn.upper()} attention")
     if c.attn == "gqa" and not (export_hf or export_gguf):
-        return (f"nothing to fold: {src} is already a plain {'MHA' if c.n_head == c.n_kv_head else 'GQA'} model "
+        return (f"nothing to fold: {src} is already a plain "
+                f"{'MHA' if c.n_head == c.n_kv_head else 'GQA'} model "
                 f"(attn='gqa'); only VHA checkpoints fold "
                 "(it can still be exported with --export_hf=DIR or --export_gguf=FILE)")
     if c.attn == "gqa" and plot:
         return f"--plot shows premix/postmix, and {src} is plain GQA (attn='gqa'): there is nothing to plot"
     if c.has_postmix and c.vha_postmix_act != "linear":
-        return (f"{src} has a SiLU postmix: a' = a + V silu(U^T a) is not linear in the head outputs a, so no matrix M "
-                f"can be absorbed into W_o and the model is not a GQA model; only vha_postmix_act='linear' folds")
+        return (f"{src} has a SiLU postmix: a' = a + V silu(U^T a) is not linear in the head "
+                f"outputs a, so no matrix M "
+                f"can be absorbed into W_o and the model is not a GQA model; only "
+                f"vha_postmix_act='linear' folds")
     plain = copy.copy(c)
     plain.attn = "gqa"  # the exports see the folded model: the same checks, on the GQA it becomes
     return ((export_hf and hf_export_problem(plain)) or (export_gguf and gguf_export_problem(plain, meta, gguf_dtype))
@@ -277,21 +292,24 @@ def fold_and_prove(model, ckpt, src, dst):
               f"linear postmix (rank {c.vha_postmix_rank})" if c.has_postmix else ""]
     print(f"folded {src}: vha, {c.n_layer} layers, {c.n_q_proj} physical q heads, "
           f"{' + '.join(filter(None, pieces))}, {c.n_attn_head} heads attend {c.n_kv_head} KV heads")
-    print(f"    -> {dst}: gqa, n_head={gqa.cfg.n_head}, n_kv_head={gqa.cfg.n_kv_head}, head_dim={gqa.cfg.head_dim}")
+    print(f"    -> {dst}: gqa, n_head={gqa.cfg.n_head}, n_kv_head={gqa.cfg.n_kv_head}, "
+          f"head_dim={gqa.cfg.head_dim}")
     print(f"proof on {source}:")
     for dtype, (worst, mean, diverged) in results.items():
         name = str(dtype).replace("torch.", "")
         same = "identical" if diverged is None else f"DIFFERENT from token {diverged} ({name} rounding at a near-tie)"
         print(f"  {name:<8} |logit diff| max {worst:.2e}, mean {mean:.2e}; greedy {gen_tokens} tokens: {same}")
     print(f"params: {model.num_params():,} -> {deployed.num_params():,}   KV cache: "
-          f"{kv_bytes_per_token(model.cfg, torch.bfloat16):,} -> {kv_bytes_per_token(deployed.cfg, torch.bfloat16):,} "
+          f"{kv_bytes_per_token(model.cfg, torch.bfloat16):,} -> "
+          f"{kv_bytes_per_token(deployed.cfg, torch.bfloat16):,} "
           f"bytes/token (bf16)")
     print(f"time: fold {t_fold:.2f} s, proof {t_proof:.2f} s")
     return deployed, tokens
 
 
 def hf_check(model, folder, meta, tokens):
-    """Runs the exported folder in transformers against the checkpoint as trained: logits and greedy text."""
+    """Runs the exported folder in transformers against the checkpoint as trained: logits and
+    greedy text."""
     try:
         import transformers
     except ImportError:
@@ -301,14 +319,16 @@ def hf_check(model, folder, meta, tokens):
     worst, scale, diverged, same_text = hf_compare(folder, model, meta, tokens[0].tolist(), gen_tokens)
     same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
     text = "" if same_text is None else f"; greedy text {'equal to' if same_text else 'DIFFERENT from'} sample.py's"
-    print(f"transformers check (transformers {transformers.__version__}): |logit diff| max {worst:.2e} at logit scale "
+    print(f"transformers check (transformers {transformers.__version__}): |logit diff| max "
+          f"{worst:.2e} at logit scale "
           f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; "
           f"greedy {gen_tokens} tokens: {same}{text}")
 
 
 def export(model, deployed, ckpt, src, tokens):
-    """The exports asked for, each written atomically after the fold is proved; the GGUF is then run in llama.cpp
-    against model (the checkpoint as trained) where llama-cpp-python is installed."""
+    """The exports asked for, each written atomically after the fold is proved; the GGUF is then
+    run in llama.cpp against model (the checkpoint as trained) where llama-cpp-python is
+    installed."""
     meta, vha, n_q_proj = ckpt.get("meta"), model.cfg.attn == "vha", model.cfg.n_q_proj
     if export_hf:
         try:  # written whole into a staging folder beside it, then renamed into place
@@ -324,7 +344,8 @@ def export(model, deployed, ckpt, src, tokens):
             note = write_gguf(deployed, export_gguf, meta, gguf_dtype)
         except OSError as e:
             sys.exit(f"error: cannot write the GGUF export to {export_gguf} ({e.strerror or e})")
-        print(f"exported GGUF (qwen3, {gguf_dtype}) to {export_gguf} ({os.path.getsize(export_gguf) / 1e6:.1f} MB): "
+        print(f"exported GGUF (qwen3, {gguf_dtype}) to {export_gguf} "
+              f"({os.path.getsize(export_gguf) / 1e6:.1f} MB): "
               f"llama_cpp.Llama(model_path={export_gguf!r})" + (f"\nnote: {note}" if note else ""))
         if llamacpp.version() is None:
             print("llama.cpp check: skipped "
@@ -332,8 +353,10 @@ def export(model, deployed, ckpt, src, tokens):
             return
         worst, scale, diverged = llamacpp.compare(export_gguf, model, tokens[0].tolist(), gen_tokens)
         same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
-        print(f"llama.cpp check (llama-cpp-python {llamacpp.version()}): |logit diff| max {worst:.2e} at logit scale "
-              f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; greedy {gen_tokens} tokens: {same}")
+        print(f"llama.cpp check (llama-cpp-python {llamacpp.version()}): |logit diff| max "
+              f"{worst:.2e} at logit scale "
+              f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; greedy "
+              f"{gen_tokens} tokens: {same}")
 
 
 def main(argv):
@@ -378,16 +401,18 @@ def fold_run(src, dst):
 
 
 def build_decode(deployed):
-    """The folded model's decode plan for sample.py's default generation (nanovha/plan.py): the compiled steps built
-    for float32 and bf16 where native, then every candidate timed; sample.py (on this checkpoint or on the VHA one,
-    which it folds into the same weights) reads the plan and loads the package it chose."""
+    """The folded model's decode plan for sample.py's default generation (nanovha/plan.py): the
+    compiled steps built for float32 and bf16 where native, then every candidate timed; sample.py
+    (on this checkpoint or on the VHA one, which it folds into the same weights) reads the plan
+    and loads the package it chose."""
     reach = context_range(1, 1 + plan_tokens)
     print(f"planning decode for sample.py (contexts {reach[0]}-{reach[1]}): building the compiled steps, then timing "
           f"them against eager (--compile_decode=False skips this) ...")
     t0 = time.time()
     plan = decode_plan(deployed, compile_cache or default_folder(), reach, build=True, replan=replan, by="fold.py")
     print(f"plan: {plan.line}")
-    print(f"decode plan ready in {time.time() - t0:.0f} s: sample.py --out_dir={out_dir} --ckpt_name={out_name} runs "
+    print(f"decode plan ready in {time.time() - t0:.0f} s: sample.py --out_dir={out_dir} "
+          f"--ckpt_name={out_name} runs "
           f"{plan.runtime} {plan.dtype}" + (f" ({plan.step.path})" if plan.step else ""))
 
 

@@ -24,7 +24,9 @@ from nanovha.plan import context_range, decode_plan
 
 out_dir = "out"
 ckpt_name = "ckpt.pt"
-hf_dir = ""  # a Hugging Face Qwen3ForCausalLM folder to sample from instead (its tokenizer files, if any, are used)
+# a Hugging Face Qwen3ForCausalLM folder to sample from instead (its tokenizer files, if any, are
+# used)
+hf_dir = ""
 start = "\n"  # or "FILE:prompt.txt"
 num_samples = 3
 max_new_tokens = 500
@@ -32,17 +34,23 @@ temperature = 0.8  # 0 = greedy
 top_k = 200
 seed = 1337
 device = "auto"
-dtype = "auto"  # weights and cache: auto (CUDA bf16; a CPU follows the plan, nanovha/plan.py), float32, bfloat16
+# weights and cache: auto (CUDA bf16; a CPU follows the plan, nanovha/plan.py), float32, bfloat16
+dtype = "auto"
 compile = "auto"  # the decode step. auto: the plan's pick of eager or a compiled step cached for this model (fold.py
-# builds them); True: build one if needed (CPU: an AOTInductor package, a minute, then cached; CUDA: CUDA graphs)
+# builds them); True: build one if needed (CPU: an AOTInductor package, a minute, then cached; CUDA:
+# CUDA graphs)
 compile_cache = ""  # where compiled packages and plans are kept ("": $NANOVHA_CACHE/compiled)
-replan = False  # CPU: measure the plan again rather than use the one kept for this model shape and machine
-fold = True  # a VHA checkpoint decodes as the GQA model it folds into (exact, as fold.py proves; the same weights as
+# CPU: measure the plan again rather than use the one kept for this model shape and machine
+replan = False
+# a VHA checkpoint decodes as the GQA model it folds into (exact, as fold.py proves; the same
+# weights as
+fold = True
 # its ckpt_folded.pt, so the same plan, package and text); False: premix and postmix run as trained
 RUNTIMES = {"auto": ("compiled", "eager"), "True": ("compiled",), "False": ("eager",)}
 LIMITS = {"num_samples": at_least(1), "max_new_tokens": at_least(1), "temperature": at_least(0), "top_k": at_least(1),
           "dtype": DTYPES[:-1], "compile": ("auto", "True", "False")}  # no float64 decode
-config = settings(flat_defaults(globals()), sys.argv[1:], optional={"top_k": int}, limits=LIMITS)  # top_k None: all
+# top_k None: all
+config = settings(flat_defaults(globals()), sys.argv[1:], optional={"top_k": int}, limits=LIMITS)
 globals().update(config)
 torch.manual_seed(seed)
 
@@ -50,7 +58,8 @@ path = hf_dir or os.path.join(out_dir, ckpt_name)
 try:  # a Hugging Face folder brings its tokenizer files (meta) with it
     model, ckpt = load_model(path, device, hf=bool(hf_dir))
     if "meta" not in ckpt:
-        sys.exit(f"error: {path} carries no tokenizer (meta); it was not written by train.py, fold.py or convert.py")
+        sys.exit(f"error: {path} carries no tokenizer (meta); it was not written by train.py, "
+                 f"fold.py or convert.py")
     meta = ckpt["meta"]
     encode, decode = load_tokenizer(meta)
 except (FileNotFoundError, ImportError, ValueError) as e:
@@ -61,7 +70,8 @@ if start.startswith("FILE:"):
         with open(start[5:], encoding="utf-8") as f:
             start = f.read()
     except (OSError, UnicodeDecodeError) as e:
-        sys.exit(f"error: cannot read the prompt file {start[5:]!r} ({getattr(e, 'strerror', None) or e}); "
+        sys.exit(f"error: cannot read the prompt file {start[5:]!r} "
+                 f"({getattr(e, 'strerror', None) or e}); "
                  f"give a UTF-8 text file, or the prompt itself with --start=TEXT")
 try:
     prompt = encode(start)
@@ -72,7 +82,8 @@ if not prompt:
 block = model.cfg.block_size
 if len(prompt) > block:
     sys.exit(f"error: the prompt is {len(prompt)} tokens but the model's context (block_size) is {block}; shorten it")
-cache_bytes = kv_bytes_per_token(model.cfg, torch.float32) * (len(prompt) + max_new_tokens)  # float32 at most
+# float32 at most
+cache_bytes = kv_bytes_per_token(model.cfg, torch.float32) * (len(prompt) + max_new_tokens)
 stop_if(memory_problem(cache_bytes, device, f"the KV cache for {len(prompt) + max_new_tokens:,} positions",
                        "lower --max_new_tokens"))
 if len(prompt) + max_new_tokens > block:
@@ -84,8 +95,9 @@ if fold and model.cfg.attn == "vha":
     print(f"decoding {path} folded into plain GQA (exact; --fold=False runs premix and postmix as trained)",
           file=sys.stderr)
 
-# the decode step: on a CPU the plan for this model's shape and this machine (nanovha/plan.py) picks the dtype and
-# the runtime (a compiled package fold.py built, or eager) by timings made on this work; CUDA keeps its rule
+# the decode step: on a CPU the plan for this model's shape and this machine (nanovha/plan.py) picks
+# the dtype and the runtime (a compiled package fold.py built, or eager) by timings made on this
+# work; CUDA keeps its rule
 step, device_type, model = None, device.split(":")[0], model.eval()
 if device_type == "cpu":
     reach = context_range(len(prompt), len(prompt) + max_new_tokens)
@@ -106,7 +118,8 @@ x = torch.tensor(prompt, dtype=torch.long, device=device)[None]
 gen = torch.Generator(device=device).manual_seed(seed)
 for _ in range(num_samples):
     t0 = time.time()
-    with torch.inference_mode():  # no autograd bookkeeping at all (version counters, views): fewer us per op
+    # no autograd bookkeeping at all (version counters, views): fewer us per op
+    with torch.inference_mode():
         y = generate(model, x, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen, decode=step)
     dt = time.time() - t0
     print(decode(y[0].tolist()))

@@ -1,7 +1,8 @@
 """
-The recall KV-budget sweep: token-level multi-query associative recall (data/recall, MQAR) learned by small
-models that differ only in their attention (MHA, GQA-4, GQA-2, MQA, VHA and its ablations, MLA, MFA), every
-variant with the same steps, batches, schedule and seeds, compared seed by seed (paired differences).
+The recall KV-budget sweep: token-level multi-query associative recall (data/recall, MQAR)
+learned by small models that differ only in their attention (MHA, GQA-4, GQA-2, MQA, VHA and its
+ablations, MLA, MFA), every variant with the same steps, batches, schedule and seeds, compared
+seed by seed (paired differences).
 
     python sweep.py                # 10 variants x 2 points x 10 seeds = 200 runs of <= 1500 steps, 2 at a time
                                    #   (a run stops once 99% of the held-out answers are right)
@@ -12,9 +13,10 @@ variant with the same steps, batches, schedule and seeds, compared seed by seed 
     python sweep.py robust-report  # rebuild robust.md
     (how long each takes, on which CPU: docs/recall.md)
 
-The primary measure is learning speed: steps to 50/90/99% held-out accuracy (interpolated between the evals, every
-25 steps) and the area under the accuracy curve; final accuracy and success (>= 90%) are reported too, for points
-where runs fail. Any knob below can be overridden with --key=value; runs resume (experiments.py).
+The primary measure is learning speed: steps to 50/90/99% held-out accuracy (interpolated between
+the evals, every 25 steps) and the area under the accuracy curve; final accuracy and success (>=
+90%) are reported too, for points where runs fail. Any knob below can be overridden with
+--key=value; runs resume (experiments.py).
 """
 import csv
 import hashlib
@@ -26,16 +28,15 @@ import time
 import numpy as np
 import torch
 
-from nanovha.costs import kv_bytes_per_token
-from nanovha.experiments import hold_root
-from nanovha.experiments import (area, choose_variants, clopper_pearson, fmt, fmt_paired, load_results, mcnemar, mde,
-                                 paired, parse_command, parse_primary, primary_lines, pyplot, read_json, ROOT, run_all,
-                                 same_run, steps_to, train, write_json)
-from nanovha.loading import load_model
-from nanovha.variants import overrides
 from data.recall import tasks
-from nanovha.config import SEED_MAX, at_least
 from model import fold_to_gqa
+from nanovha.config import SEED_MAX, at_least
+from nanovha.costs import kv_bytes_per_token
+from nanovha.experiments import (area, choose_variants, fmt, hold_root, load_results, parse_command, parse_primary,
+                                 pyplot, read_json, ROOT, run_all, same_run, steps_to, train, write_json)
+from nanovha.loading import load_model
+from nanovha.sweep_report import change_section, paired_section, primary_section, success_rate
+from nanovha.variants import overrides
 
 # -----------------------------------------------------------------------------
 # defaults (overridden by --smoke / --quick, i.e. config/sweep/<size>.py, then by --key=value)
@@ -43,7 +44,8 @@ device = "auto"
 seed = 200  # seeds 200, 201, ...: the recipe was chosen on 100-109
 jobs = 2  # tiny models: two runs at a time, one thread each, use 2 cores best
 threads = 1
-sweep_root = "out-sweep"  # runs/<point>/<variant>/seed<N>/ + sweep.json, sweep.csv, sweep.md, sweep.png
+# runs/<point>/<variant>/seed<N>/ + sweep.json, sweep.csv, sweep.md, sweep.png
+sweep_root = "out-sweep"
 sweep_seeds = 10
 task = "mqar"
 sweep_variants = "all"  # or a comma list of SWEEP_VARIANTS
@@ -54,15 +56,17 @@ curriculum_iters = 750
 sweep_eval_interval = 25
 n_val = 512
 sweep_batch_size = 0  # rows per step for every point; 0: the recipe's, 64 rows up to 64 keys and 128 above
-stop_at_acc = 0.99  # a run stops at its first eval with this held-out accuracy; its curve stays there afterwards
+# a run stops at its first eval with this held-out accuracy; its curve stays there afterwards
+stop_at_acc = 0.99
 sweep_model_args = ""  # extra train.py overrides for every sweep run
 success = 0.9  # a run "succeeds" when its final held-out accuracy reaches this
 primary = ""  # a plan's comparisons, e.g. "vha-gqa2,mha-gqa2": AUC at the first point, Holm-corrected over these
 robust_variants = "mha,gqa4,gqa2"  # python sweep.py robust: these variants ...
 robust_seeds = 5
 robust_point = -1  # ... at this point (an index into points)
-# the variants swept (nanovha/variants.py: their train.py overrides on config/recall_mqar.py, for its 8 query heads
-# of dim 8 and width 64 unless a point sets n_head / head_dim / n_embd); mla and mfa get GQA-2's cache
+# the variants swept (nanovha/variants.py: their train.py overrides on config/recall_mqar.py, for
+# its 8 query heads of dim 8 and width 64 unless a point sets n_head / head_dim / n_embd); mla and
+# mfa get GQA-2's cache
 SWEEP_VARIANTS = ("mha", "gqa4", "gqa2", "gqa2_half_q", "mqa", "vha", "premix_only", "postmix_only", "mla", "mfa")
 COMPARISONS = [("mha", "gqa2"), ("mha", "gqa4"), ("gqa4", "gqa2"), ("gqa2", "mqa"), ("mha", "mqa"), ("vha", "gqa2"),
                ("vha", "gqa4"), ("vha", "mha"), ("vha", "gqa2_half_q"), ("premix_only", "gqa2"),
@@ -72,13 +76,18 @@ COMPARISONS = [("mha", "gqa2"), ("mha", "gqa4"), ("gqa4", "gqa2"), ("gqa2", "mqa
 ROBUSTNESS = {
     # each level reached later (rounded down)
     "mix_floor": lambda c: dict(sweep_model_args="--curriculum_mode=mix_floor"),
-    "ramp_short": lambda c: dict(curriculum_iters=round(0.9 * c["curriculum_iters"])),  # the ramp 10% shorter
+    # the ramp 10% shorter
+    "ramp_short": lambda c: dict(curriculum_iters=round(0.9 * c["curriculum_iters"])),
     "ramp_long": lambda c: dict(curriculum_iters=round(1.1 * c["curriculum_iters"])),  # 10% longer
-    "data_stream_1": lambda c: dict(sweep_model_args="--data_stream=1"),  # other batches, the same init
-    "independent_init": lambda c: dict(sweep_model_args="--paired_init=False"),  # the same batches, no weights shared
+    # other batches, the same init
+    "data_stream_1": lambda c: dict(sweep_model_args="--data_stream=1"),
+    # the same batches, no weights shared
+    "independent_init": lambda c: dict(sweep_model_args="--paired_init=False"),
 }
-MODEL_KNOBS = ("n_head", "head_dim", "n_embd", "n_layer")  # what a sweep point may set besides task knobs
-RECIPE_ROWS = (64, 64, 128)  # rows per step unless --sweep_batch_size: (rows, up to this many keys, rows above)
+# what a sweep point may set besides task knobs
+MODEL_KNOBS = ("n_head", "head_dim", "n_embd", "n_layer")
+# rows per step unless --sweep_batch_size: (rows, up to this many keys, rows above)
+RECIPE_ROWS = (64, 64, 128)
 LEVELS = (0.5, 0.9, 0.99)  # learning speed: steps to these held-out accuracies
 LIMITS = {k: at_least(1) for k in ("sweep_seeds", "robust_seeds", "jobs", "n_val", "sweep_eval_interval")}
 # -----------------------------------------------------------------------------
@@ -96,7 +105,8 @@ def parse_args(argv):
     cfg["point_list"] = parse_points(cfg)
     cfg["primary_list"] = parse_primary(cfg["primary"], cfg["variant_list"])
     if not -len(cfg["point_list"]) <= cfg["robust_point"] < len(cfg["point_list"]):
-        sys.exit(f"error: robust_point={cfg['robust_point']} is not an index into the {len(cfg['point_list'])} points")
+        sys.exit(f"error: robust_point={cfg['robust_point']} is not an index into the "
+                 f"{len(cfg['point_list'])} points")
     return command, cfg
 
 
@@ -113,7 +123,8 @@ def knobs(text, what):
 
 
 def parse_points(cfg):
-    """The sweep points: [(name, task spec, train.py model overrides)], each checked now, not an hour in."""
+    """The sweep points: [(name, task spec, train.py model overrides)], each checked now, not an
+    hour in."""
     base, points = knobs(cfg["task_args"], "task_args"), []
     for text in filter(None, (p.strip() for p in cfg["points"].split(";"))):
         point = knobs(text, "points")
@@ -121,16 +132,18 @@ def parse_points(cfg):
         try:
             spec = tasks.make_spec(cfg["task"], **base, **{k: v for k, v in point.items() if k not in MODEL_KNOBS})
         except ValueError as e:
-            sys.exit(f"error: sweep point {text!r}: {e} (a point may also set {', '.join(MODEL_KNOBS)})")
+            sys.exit(f"error: sweep point {text!r}: {e} (a point may also set "
+                     f"{', '.join(MODEL_KNOBS)})")
         points.append((text.replace(" ", ""), spec, model))
     if not points:
-        sys.exit("error: points is empty: give at least one, e.g. --points='n_keys=128,n_values=128'")
+        sys.exit("error: points is empty: give at least one, e.g. "
+                 "--points='n_keys=128,n_values=128'")
     return points
 
 
 def batch_rows(cfg, spec):
-    """Rows per step at a point: --sweep_batch_size, or the recipe's (docs/recall.md: 64 rows learned every held-out
-    run at 64 keys, 128 rows at 128 keys)."""
+    """Rows per step at a point: --sweep_batch_size, or the recipe's (docs/recall.md: 64 rows
+    learned every held-out run at 64 keys, 128 rows at 128 keys)."""
     rows, keys, above = RECIPE_ROWS
     return cfg["sweep_batch_size"] or (above if spec["n_keys"] > keys else rows)
 
@@ -142,8 +155,8 @@ def rows_text(cfg):
 
 # ---- one run ----
 def prepare_point(cfg, spec):
-    """The point's dataset folder (meta.pkl + held-out val.npz), named by the spec and by the generator's own
-    hash, so an edited task never reuses stale rows."""
+    """The point's dataset folder (meta.pkl + held-out val.npz), named by the spec and by the
+    generator's own hash, so an edited task never reuses stale rows."""
     with open(tasks.__file__, "rb") as f:
         version = hashlib.sha256(f.read()).hexdigest()[:8]
     name = "_".join(f"{k}{v}" for k, v in spec.items() if k != "task")
@@ -159,8 +172,8 @@ def prepare_point(cfg, spec):
 
 
 def sweep_args(cfg, point, variant, seed, run_dir, data_dir):
-    """train.py's argv for one run: the base config, the same budget for every variant, then the variant's
-    attention and the point's model knobs."""
+    """train.py's argv for one run: the base config, the same budget for every variant, then the
+    variant's attention and the point's model knobs."""
     _, spec, model = point
     arch = overrides(variant, model.get("n_head", 8), model.get("head_dim", 8), model.get("n_embd", 64))
     knobs = {**model, **arch, "n_head": arch.get("n_head", model.get("n_head", 8))}
@@ -184,8 +197,8 @@ def row_accuracy(model, data_dir, device):
 
 
 def run_one(cfg, job):
-    """One (point, variant, seed) run: trains it, keeps its accuracy curve, and for a foldable VHA scores the
-    folded GQA model too. Writes result.json; returns a status word."""
+    """One (point, variant, seed) run: trains it, keeps its accuracy curve, and for a foldable
+    VHA scores the folded GQA model too. Writes result.json; returns a status word."""
     point, variant, seed, data_dir = job
     run_dir = os.path.abspath(os.path.join(cfg["sweep_root"], "runs", point[0], variant, f"seed{seed}"))
     result_path = os.path.join(run_dir, "result.json")
@@ -217,7 +230,8 @@ def run_grid(cfg, variants, seeds):
     folders = {p[0]: prepare_point(cfg, p[1]) for p in points}
     # seed-major: every point has the same seeds finished at any time
     jobs = [(p, v, s, folders[p[0]]) for s in seeds for p in points for v in variants]
-    print(f"recall sweep ({cfg['size']}): {len(points)} points x {len(variants)} variants x {len(seeds)} seeds = "
+    print(f"recall sweep ({cfg['size']}): {len(points)} points x {len(variants)} variants x "
+          f"{len(seeds)} seeds = "
           f"{len(jobs)} runs of <= {cfg['sweep_iters']} steps x {rows_text(cfg)}, {cfg['jobs']} at a "
           f"time; results in {cfg['sweep_root']}")
     run_all(cfg, jobs, lambda job: run_one(cfg, job), lambda job: f"{job[0][0]} {job[1]} seed {job[2]}")
@@ -243,90 +257,9 @@ def results(cfg, root, variants):
     return rows
 
 
-def paired_line(A, B, key, scale, digits, tested=True):
-    """Paired a - b of one measure over shared seeds, formatted, with its MDE: the difference these seeds detect with
-    80% power at 5% (experiments.mde, (t_crit + t_80) x SE). tested=False: the mean alone, no test."""
-    stat = paired({s: r[key] for s, r in A.items()}, {s: r[key] for s, r in B.items()})
-    if not tested:
-        return f"{stat[1] * scale:+.{digits}f} (n={stat[0]}, not tested)", "-"
-    text = fmt_paired(*stat, scale=scale, digits=digits)
-    return (f"**{text}**" if stat[4] else text), (f"{mde(stat[2], stat[0]) * scale:.{digits}f}" if stat[0] > 1 else "-")
-
-
-def primary_section(at, point, pairs):
-    """A plan's comparisons of AUC at one point, every shared seed (a run that never learned included)."""
-    values = {pair: tuple({s: r["auc"] for s, r in at(point, v).items()} for v in pair) for pair in pairs}
-    return primary_lines(values, f"AUC (points) at {point}", 100, 2)
-
-
-def paired_section(at, points, th, primary):
-    """sweep.md's paired comparisons: at(point, variant) -> {seed: result}; th: the success threshold."""
-    lines = ["## Paired comparisons" + (" (exploratory)" if primary else ""), "",
-             "Δ = first minus second over the seeds both ran, mean ± SE (|t| in SE, n seeds). **Bold**: the paired "
-             "t-test rejects 'no difference' at 5%, each test on its own (uncorrected for the many in this table"
-             + ("; the primary ones are above" if primary else "") + "). MDE: the difference these seeds would "
-             "detect with 80% power, (t_crit + t_80) x SE (the test itself rejects beyond t_crit x SE). Fewer steps "
-             "and a larger AUC are better. Steps to 90% over all seeds is not tested where a run failed (it would "
-             f"count as the whole budget): AUC carries those. 'Seeds both learned' is conditional on the outcome "
-             "(how fast, given that both learn; how often they learn is the success column). Success: seeds where "
-             f"only the first / only the second reached {th:.0%}, exact McNemar p.", "",
-             "| comparison | point | Δ steps to 90% | MDE | Δ steps to 90%, seeds both learned (conditional) | MDE "
-             "| Δ AUC (points) | MDE | Δ final accuracy (points) | success: only first / only second (p) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for a, b in COMPARISONS:
-        for p in points:
-            A, B = at(p, a), at(p, b)
-            if A and B:
-                shared = set(A) & set(B)
-                both = [x for x in shared if min(A[x]["acc"], B[x]["acc"]) >= th]
-                steps, steps_mde = paired_line(A, B, "steps_to_90", 1, 0, tested=len(both) == len(shared))
-                learned, learned_mde = paired_line({x: A[x] for x in both}, {x: B[x] for x in both},
-                                                   "steps_to_90", 1, 0)
-                auc, auc_mde = paired_line(A, B, "auc", 100, 1)
-                acc, _ = paired_line(A, B, "acc", 100, 1)
-                only_a, only_b, pv = mcnemar({s: r["acc"] >= th for s, r in A.items()},
-                                             {s: r["acc"] >= th for s, r in B.items()})
-                lines.append(f"| {a} vs {b} | {p} | {steps} | {steps_mde} | {learned} | {learned_mde} | {auc} | "
-                             f"{auc_mde} | {acc} | {only_a} / {only_b} (p = {pv:.3g}) |")
-    return lines
-
-
-def change_section(at, points):
-    """How each comparison's AUC difference changes from the first point to each other one, paired over the seeds
-    that ran all four cells: (a - b at point k) - (a - b at the first point). Exploratory (not planned here)."""
-    lines = ["## How each comparison changes between points (exploratory)", "",
-             f"Δ AUC (points) of first minus second at each point, and its change from {points[0]}: "
-             "(Δ at the point) - (Δ at the first point) per seed, mean ± SE over the seeds that ran both variants "
-             "at both points. **Bold**: a paired t-test rejects 'no change' at 5%, uncorrected.", "",
-             "| comparison | point | Δ AUC there | Δ AUC at the first point | change |", "|---|---|---|---|---|"]
-    for a, b in COMPARISONS:
-        for p in points[1:]:
-            cells = [at(q, v) for q in (p, points[0]) for v in (a, b)]
-            seeds = sorted(set.intersection(*(set(c) for c in cells)))
-            if len(seeds) < 2:
-                continue
-            there, first = ({s: A[s]["auc"] - B[s]["auc"] for s in seeds} for A, B in (cells[:2], cells[2:]))
-            change, _ = paired_line({s: {"d": there[s]} for s in seeds}, {s: {"d": first[s]} for s in seeds},
-                                    "d", 100, 1)
-            lines.append(f"| {a} vs {b} | {p} | {signed(there.values())} | {signed(first.values())} | {change} |")
-    return lines + [""]
-
-
-def signed(values):
-    """'+mean ± SE' in points of a list of fractions."""
-    values = list(values)
-    return f"{np.mean(values) * 100:+.1f} ± {np.std(values, ddof=1) / np.sqrt(len(values)) * 100:.1f}"
-
-
-def success_rate(runs, th):
-    """'k/n (lo-hi%)': runs reaching th, with the exact (Clopper-Pearson) 95% interval of the rate."""
-    k, n = sum(r["acc"] >= th for r in runs), len(runs)
-    lo, hi = clopper_pearson(k, n)
-    return f"{k}/{n} ({lo:.0%}-{hi:.0%})"
-
-
 def cmd_report(cfg):
-    """sweep.json/csv, sweep.md (per point: learning speed, accuracy, success; paired comparisons) and sweep.png."""
+    """sweep.json/csv, sweep.md (per point: learning speed, accuracy, success; paired
+    comparisons) and sweep.png."""
     rows = results(cfg, cfg["sweep_root"], cfg["variant_list"])
     if not rows:
         sys.exit(f"error: no finished sweep runs in {cfg['sweep_root']}/runs for these points and variants; "
@@ -346,10 +279,12 @@ def cmd_report(cfg):
              "heads; the same seeds (init blocks and batches) for every variant. Accuracy: answer tokens right on "
              f"{cfg['n_val']} held-out rows at full difficulty, every {cfg['sweep_eval_interval']} steps; a run stops "
              f"at its first eval >= {cfg['stop_at_acc']:.0%}. Steps to X%: interpolated between evals; a run that "
-             f"never got there counts as {iters} (a lower bound). AUC: mean accuracy over the {iters} steps. Success: "
+             f"never got there counts as {iters} (a lower bound). AUC: mean accuracy over the "
+             f"{iters} steps. Success: "
              f"final accuracy >= {th:.0%} (exact 95% interval of the rate). Mean ± SE over seeds.", ""]
     for p in points:
-        lines += [f"## Point {p}", "", "| variant | KV B/token (bf16) | params | success | steps to 50% | steps to 90% "
+        lines += [f"## Point {p}", "", "| variant | KV B/token (bf16) | params | success | steps "
+                                       "to 50% | steps to 90% "
                   "| steps to 99% | AUC % | final accuracy % |", "|---|---|---|---|---|---|---|---|---|"]
         for v in variants:
             g = list(at(p, v).values())
@@ -363,14 +298,16 @@ def cmd_report(cfg):
         lines.append("")
     if cfg["primary_list"]:
         lines += primary_section(at, points[0], cfg["primary_list"])
-    lines += paired_section(at, points, th, cfg["primary_list"])
+    lines += paired_section(at, points, th, cfg["primary_list"], COMPARISONS)
     if len(points) > 1:
-        lines += [""] + change_section(at, points)
+        lines += [""] + change_section(at, points, COMPARISONS)
     folds = [r for r in rows if "acc_folded" in r]
     if folds:
         gap = max(abs(r["acc_folded"] - r["acc_unfolded"]) for r in folds)
-        lines += ["", f"Folded == unfolded: {len(folds)} VHA-family runs (linear postmix) were folded into plain GQA "
-                  f"(fold_to_gqa) and scored again: the largest accuracy difference is {gap * 100:.2f} points, and "
+        lines += ["", f"Folded == unfolded: {len(folds)} VHA-family runs (linear postmix) were "
+                      f"folded into plain GQA "
+                  f"(fold_to_gqa) and scored again: the largest accuracy difference is "
+                  f"{gap * 100:.2f} points, and "
                   f"{sum(r['fold_same_predictions'] for r in folds)} of {len(folds)} give the same argmax at "
                   "every position."]
     png = plot(rows, points, variants, cfg)
@@ -414,7 +351,8 @@ def plot(rows, points, variants, cfg):
 
 # ---- robustness of the recipe ----
 def robust_cfgs(cfg):
-    """(name, config) for the recipe itself (the sweep's own runs) and each ROBUSTNESS change, at one point."""
+    """(name, config) for the recipe itself (the sweep's own runs) and each ROBUSTNESS change, at
+    one point."""
     point = [cfg["point_list"][cfg["robust_point"]]]
     out = [("recipe", dict(cfg, point_list=point))]
     for name, changes in ROBUSTNESS.items():
@@ -435,8 +373,8 @@ def cmd_robust(cfg):
 
 
 def cmd_robust_report(cfg):
-    """robust.md: success and learning speed of the baselines under each change of the recipe, and what sharing
-    the init between variants does to the spread of paired differences."""
+    """robust.md: success and learning speed of the baselines under each change of the recipe,
+    and what sharing the init between variants does to the spread of paired differences."""
     th, table = cfg["success"], {}
     lines = ["# The recall recipe under small changes", "",
              f"Point {cfg['point_list'][cfg['robust_point']][0]}; each row changes "
@@ -454,7 +392,8 @@ def cmd_robust_report(cfg):
     lines += ["", "## Shared init and the spread of paired differences", "",
               "SD over seeds of the paired difference in steps to 90%, with every variant of a seed starting from "
               "the same blocks (recipe) and with independent inits (independent_init), on the seeds where both "
-              "variants learned in both settings.", "", "| comparison | SD, shared init | SD, independent init | n |",
+              "variants learned in both settings.", "", "| comparison | SD, shared init | SD, "
+                                                        "independent init | n |",
               "|---|---|---|---|"]
     for a, b in [(a, b) for a, b in COMPARISONS if a in cfg["robust_list"] and b in cfg["robust_list"]]:
         sd = {}
@@ -472,7 +411,8 @@ def cmd_robust_report(cfg):
 
 def main():
     command, cfg = parse_args(sys.argv[1:])
-    lock = hold_root(cfg["sweep_root"])  # one sweep per root: two would race on its runs and reports
+    # one sweep per root: two would race on its runs and reports
+    lock = hold_root(cfg["sweep_root"])
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     {"run": cmd_run, "report": cmd_report, "robust": cmd_robust, "robust-report": cmd_robust_report}[command](cfg)

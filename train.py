@@ -358,7 +358,8 @@ def diverged(what, value):
     """Stops every process without saving: the checkpoint on disk is the last one whose losses were finite."""
     fix = "lower --learning_rate" + (", set --grad_clip=1.0" if not grad_clip else "") + " or raise --warmup_iters" + (
         "; or use bfloat16/float32 (float16 overflows)" if dtype == "float16" else "")
-    sys.exit(f"error: {what} is {value} at iteration {iter_num}: the run diverged and stopped; {kept(saved_iter)}. "
+    sys.exit(f"error: {what} is {value} at iteration {iter_num}: the run diverged and stopped; "
+             f"{kept(saved_iter)}. "
              f"To fix: {fix}" if master else 1)
 
 
@@ -423,7 +424,8 @@ while True:
                     saved_iter = iter_num
     if eval_only or iter_num >= max_iters or stop_now:
         if stop_now and master:
-            say(f"stopped at step {iter_num}: held-out accuracy {losses['val_acc']:.1%} >= stop_at_acc={stop_at_acc}")
+            say(f"stopped at step {iter_num}: held-out accuracy {losses['val_acc']:.1%} >= "
+                f"stop_at_acc={stop_at_acc}")
         break
 
     # one optimizer step = gradient_accumulation_steps micro-batches across all processes

@@ -1,7 +1,8 @@
 """
 The conversion comparison at demo scale: from a trained GQA model with 4x the cache, which
-smaller-cache model is better after a short warm-up, VHA (convert.py's premix fit) or GQA uptraining (mean-pooled
-KV heads), and does the warmed VHA reach a VHA trained from scratch on the full budget?
+smaller-cache model is better after a short warm-up, VHA (convert.py's premix fit) or GQA
+uptraining (mean-pooled KV heads), and does the warmed VHA reach a VHA trained from scratch on
+the full budget?
 
     python uptrain.py --jobs=2 --threads=1   # the comparison: teacher 1200 iters, 9 warm-ups x 5 seeds (120 iters; the
                                              # three *_long 600), 4 scratch baselines x 5 seeds
@@ -24,9 +25,10 @@ The pipeline (every run resumes and is skipped once done, experiments.py):
   4. from scratch, the same seeds: VHA (the demo) and same-deploy GQA (config/ablations/gqa2.py), at the
      teacher's budget and at the warm-up budget, the demo's schedule scaled to the budget.
 
-The teacher runs alone with --threads=2 (under --threads=1 it would get one core), the rest --jobs=2 --threads=1.
-The results, what they say and how long they took on which CPU: docs/convert.md, "The comparison".
-Any knob below can be overridden with --key=value after the size preset.
+The teacher runs alone with --threads=2 (under --threads=1 it would get one core), the rest
+--jobs=2 --threads=1. The results, what they say and how long they took on which CPU:
+docs/convert.md, "The comparison". Any knob below can be overridden with --key=value after the
+size preset.
 """
 import os
 import sys
@@ -44,7 +46,8 @@ from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results,
 device = "auto"
 jobs = 1  # runs at once
 threads = 0  # CPU threads per run (0: torch's default)
-out_root = "out-uptrain"  # teacher/, converted/{vha,gqa}/, runs/<variant>/seed<N>/, report.md, results.json
+# teacher/, converted/{vha,gqa}/, runs/<variant>/seed<N>/, report.md, results.json
+out_root = "out-uptrain"
 dataset = "shakespeare_char"
 data_dir = ""  # any folder with train.bin/val.bin/meta.pkl
 teacher_iters = 1200  # the demo's budget
@@ -55,11 +58,13 @@ variants = "all"  # or a comma list of VARIANTS: the runs to make (teacher_eval 
 primary = ""  # a plan's comparisons, e.g. "vha_fit_warm_kd-vha_warm_kd": val loss, Holm-corrected over these
 warmup_frac = 0.1  # warm-up iters = warmup_frac * teacher_iters ...
 freeze_frac = 0.25  # ... the first freeze_frac of them frozen
-long_warmup_frac = 0.5  # the *_long warm-ups (distilled): how far a longer warm-up closes the gap to the scratch VHA
+# the *_long warm-ups (distilled): how far a longer warm-up closes the gap to the scratch VHA
+long_warmup_frac = 0.5
 distill_alpha = 0.7
 distill_temperature = 1.0
-# the warm-up schedule, the same for every variant: chosen for the GQA baseline's uptraining (the demo's lr / 3,
-# a short linear warmup, cosine to lr / 10) and NOT tuned on VHA (nor on GQA: it is a guess, not a sweep)
+# the warm-up schedule, the same for every variant: chosen for the GQA baseline's uptraining (the
+# demo's lr / 3, a short linear warmup, cosine to lr / 10) and NOT tuned on VHA (nor on GQA: it is a
+# guess, not a sweep)
 uptrain_lr = 2e-3 / 3
 uptrain_warmup_iters = 10
 batch_size = 16
@@ -71,7 +76,8 @@ model_args = ""  # extra train.py overrides for the teacher and the scratch runs
 dtype = ""  # "": config/vha_small.py's auto (fp32 where bf16 would be emulated)
 CONVERSIONS = {  # converted/<name>/: convert.py's arguments (besides --src, --out_dir and --n_kv_head=2)
     "vha": ["--to=vha"],  # the physical query heads are the teacher's group 0
-    "vha_fit": ["--to=vha", "--physical=fit"],  # physical heads and premix fitted together (convert.py)
+    # physical heads and premix fitted together (convert.py)
+    "vha_fit": ["--to=vha", "--physical=fit"],
     "gqa": ["--to=gqa"]}
 WARM = {  # variant: (converted model, distill, long warm-up?)
     "vha_warm": ("vha", False, False), "vha_warm_kd": ("vha", True, False), "gqa_uptrain": ("gqa", False, False),
@@ -95,9 +101,11 @@ COMPARISONS = [
     ("vha_warm_kd", "gqa_uptrain_kd", "after warm-up, distillation: VHA vs GQA uptraining", "val_loss"),
     ("vha_warm_kd", "vha_warm", "VHA: distillation vs none", "val_loss"),
     ("gqa_uptrain_kd", "gqa_uptrain", "GQA: distillation vs none", "val_loss"),
-    ("vha_warm", "vha_scratch_full", "TARGET: VHA warm (short budget) vs VHA scratch (full budget), no distillation",
+    ("vha_warm", "vha_scratch_full", "TARGET: VHA warm (short budget) vs VHA scratch (full "
+                                     "budget), no distillation",
      "val_loss"),
-    ("vha_warm_kd", "vha_scratch_full", "TARGET: VHA warm (short budget) vs VHA scratch (full budget), distillation",
+    ("vha_warm_kd", "vha_scratch_full", "TARGET: VHA warm (short budget) vs VHA scratch (full "
+                                        "budget), distillation",
      "val_loss"),
     ("vha_warm", "vha_scratch_short", "same budget: VHA warm vs VHA scratch, no distillation", "val_loss"),
     ("vha_warm_kd", "vha_scratch_short", "same budget: VHA warm vs VHA scratch, distillation", "val_loss"),
@@ -113,27 +121,31 @@ COMPARISONS = [
      "val_loss"),
     ("vha_fit_warm_kd", "gqa_uptrain_kd", "after warm-up, distillation: VHA (fitted heads) vs GQA uptraining",
      "val_loss"),
-    ("vha_fit_warm_kd_long", "gqa_uptrain_kd_long", "long warm-up, distillation: VHA (fitted heads) vs GQA uptraining",
+    ("vha_fit_warm_kd_long", "gqa_uptrain_kd_long", "long warm-up, distillation: VHA (fitted "
+                                                    "heads) vs GQA uptraining",
      "val_loss"),
 ]
 # -----------------------------------------------------------------------------
 
 
 def parse_args(argv):
-    """[command] [--smoke|--quick|--full] [--key=value ...] -> (command, config with the derived budgets)."""
+    """[command] [--smoke|--quick|--full] [--key=value ...] -> (command, config with the derived budgets).
+    """
     command, cfg = parse_command(argv, ("run", "report"), globals(), LIMITS)
     # the teacher's eval on each seed's batches always runs: every gap to the teacher needs it
     cfg["variant_list"] = ["teacher_eval"] + [v for v in choose_variants(cfg["variants"], VARIANTS)
                                               if v != "teacher_eval"]
     cfg["primary_list"] = parse_primary(cfg["primary"], cfg["variant_list"])
     if not (0 < cfg["warmup_frac"] <= 1 and 0 <= cfg["freeze_frac"] <= 1):
-        sys.exit(f"error: warmup_frac={cfg['warmup_frac']} must be in (0, 1] and freeze_frac={cfg['freeze_frac']} "
+        sys.exit(f"error: warmup_frac={cfg['warmup_frac']} must be in (0, 1] and "
+                 f"freeze_frac={cfg['freeze_frac']} "
                  "in [0, 1]")
     if not 0 < cfg["long_warmup_frac"] <= 1:
         sys.exit(f"error: long_warmup_frac={cfg['long_warmup_frac']} must be in (0, 1]")
     cfg["warm_iters"] = max(1, round(cfg["warmup_frac"] * cfg["teacher_iters"]))
     cfg["long_warm_iters"] = max(1, round(cfg["long_warmup_frac"] * cfg["teacher_iters"]))
-    cfg["freeze_iters"] = round(cfg["freeze_frac"] * cfg["warm_iters"])  # the same share of every warm-up frozen
+    # the same share of every warm-up frozen
+    cfg["freeze_iters"] = round(cfg["freeze_frac"] * cfg["warm_iters"])
     cfg["long_freeze_iters"] = round(cfg["freeze_frac"] * cfg["long_warm_iters"])
     if cfg["uptrain_warmup_iters"] > (shortest := min(cfg["warm_iters"], cfg["long_warm_iters"])):
         sys.exit(f"error: uptrain_warmup_iters={cfg['uptrain_warmup_iters']} is past a warm-up's {shortest} "
@@ -145,7 +157,8 @@ def parse_args(argv):
 
 # ---- train.py argvs ----
 def common_args(cfg, iters):
-    """What every run shares: data, batch, context, evals (iteration 0, every iters / evals, the last), device."""
+    """What every run shares: data, batch, context, evals (iteration 0, every iters / evals, the
+    last), device."""
     data = [f"--dataset={cfg['dataset']}"] + ([f"--data_dir={os.path.abspath(cfg['data_dir'])}"]
                                               if cfg["data_dir"] else [])
     return [*data, f"--batch_size={cfg['batch_size']}", f"--block_size={cfg['block_size']}",
@@ -155,13 +168,15 @@ def common_args(cfg, iters):
 
 
 def scratch_args(cfg, files, iters, seed, run_dir):
-    """A run from scratch: the config files with the demo's schedule scaled to the budget (warmup 100 of 1200)."""
+    """A run from scratch: the config files with the demo's schedule scaled to the budget (warmup
+    100 of 1200)."""
     return [*files, f"--out_dir={run_dir}", f"--seed={seed}", f"--max_iters={iters}", f"--lr_decay_iters={iters}",
             f"--warmup_iters={max(1, round(iters / 12))}", *common_args(cfg, iters), *cfg["model_args"].split()]
 
 
 def run_args(cfg, variant, seed, run_dir):
-    """train.py's argv for one run of the comparison (the teacher's eval, a warm-up or a scratch baseline)."""
+    """train.py's argv for one run of the comparison (the teacher's eval, a warm-up or a scratch
+    baseline)."""
     if variant == "teacher_eval":  # the teacher on this seed's eval batches: one eval at iteration 0, nothing written
         return [f"--init_from={cfg['teacher_ckpt']}", f"--out_dir={run_dir}", f"--seed={seed}", "--eval_only=True",
                 *common_args(cfg, 1)]
@@ -201,7 +216,8 @@ def train_teacher(cfg):
 
 
 def convert_teacher(cfg, name):
-    """convert.py the teacher to CONVERSIONS[name] with 2 KV heads, once: skipped when done with the same argv."""
+    """convert.py the teacher to CONVERSIONS[name] with 2 KV heads, once: skipped when done with
+    the same argv."""
     out = os.path.join(cfg["root"], "converted", name)
     args = [f"--src={cfg['teacher_ckpt']}", f"--out_dir={out}", *CONVERSIONS[name], "--n_kv_head=2"]
     record = os.path.join(out, "convert.json")
@@ -219,8 +235,9 @@ def run_path(cfg, variant, seed):
 
 
 def fold_and_export(cfg):
-    """fold.py on the first seed's distilled VHA warm-up: the GQA 8Q/2KV it deploys as, exported as a Hugging Face
-    folder that fold.py then runs in transformers (logits, greedy text). Cheap, so redone every time."""
+    """fold.py on the first seed's distilled VHA warm-up: the GQA 8Q/2KV it deploys as, exported
+    as a Hugging Face folder that fold.py then runs in transformers (logits, greedy text). Cheap,
+    so redone every time."""
     out = os.path.join(cfg["root"], "deployed")
     os.makedirs(out, exist_ok=True)
     log = os.path.join(out, "fold.out")
@@ -256,8 +273,10 @@ def cmd_run(cfg):
     seeds = [cfg["seed"] + i for i in range(cfg["n_seeds"])]
     chosen = cfg["variant_list"]
     jobs = [(v, s) for s in seeds for v in chosen]
-    print(f"conversion comparison ({cfg['size']}): teacher {cfg['teacher_iters']} iters, warm-ups {cfg['warm_iters']} "
-          f"iters ({cfg['freeze_iters']} frozen; *_long: {cfg['long_warm_iters']}, {cfg['long_freeze_iters']} frozen), "
+    print(f"conversion comparison ({cfg['size']}): teacher {cfg['teacher_iters']} iters, warm-ups "
+          f"{cfg['warm_iters']} "
+          f"iters ({cfg['freeze_iters']} frozen; *_long: {cfg['long_warm_iters']}, "
+          f"{cfg['long_freeze_iters']} frozen), "
           f"{len(chosen)} run kinds x {len(seeds)} seeds; results in {cfg['root']}", flush=True)
     if cfg["size"] != "full":
         print(f"note: --{cfg['size']} is a reduced comparison, a check of the pipeline, not the result")
@@ -326,11 +345,15 @@ def cmd_report(cfg):
     lines = ["# The conversion comparison: VHA warm-up vs GQA uptraining from a GQA 8Q/8KV teacher", "",
              f"Teacher: config/vha_small.py + config/ablations/gqa8.py, {cfg['teacher_iters']} iterations, "
              f"seed {cfg['teacher_seed']}" + (f", val loss {teacher['val_loss']:.4f}" if teacher else "") + ". "
-             f"Converted to VHA 4 physical -> 8 virtual / 2 KV heads and to GQA 8Q/2KV (mean-pooled), then warmed up "
+             f"Converted to VHA 4 physical -> 8 virtual / 2 KV heads and to GQA 8Q/2KV "
+             f"(mean-pooled), then warmed up "
              f"for {cfg['warm_iters']} iterations ({cfg['freeze_iters']} frozen: attention only; the `_long` ones "
-             f"{cfg['long_warm_iters']}, {cfg['long_freeze_iters']} frozen), lr {cfg['uptrain_lr']:.3g} "
-             f"(chosen for GQA uptraining, not tuned on VHA), with (`_kd`: alpha {cfg['distill_alpha']}, T "
-             f"{cfg['distill_temperature']}) and without distillation. Scratch baselines: the demo's schedule scaled "
+             f"{cfg['long_warm_iters']}, {cfg['long_freeze_iters']} frozen), lr "
+             f"{cfg['uptrain_lr']:.3g} "
+             f"(chosen for GQA uptraining, not tuned on VHA), with (`_kd`: alpha "
+             f"{cfg['distill_alpha']}, T "
+             f"{cfg['distill_temperature']}) and without distillation. Scratch baselines: the "
+             f"demo's schedule scaled "
              f"to the budget. A seed fixes the batches and the eval batches, so every variant of a seed saw "
              "the same ones."]
     if cfg["size"] != "full":

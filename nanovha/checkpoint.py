@@ -1,9 +1,11 @@
 """
-nanoVHA checkpoints: written atomically, loaded with clear errors, built into a GPT (model.py stays the model).
+nanoVHA checkpoints: written atomically, loaded with clear errors, built into a GPT (model.py
+stays the model).
 
-A checkpoint is a dict with "model" (state_dict) and "model_args" (GPTConfig fields); train.py adds the optimizer,
-iteration, dtype and dataset meta. Commands load through nanovha/loading.py (load_model), which also resolves run
-folders and Hugging Face folders; this module knows one file and one dict.
+A checkpoint is a dict with "model" (state_dict) and "model_args" (GPTConfig fields); train.py
+adds the optimizer, iteration, dtype and dataset meta. Commands load through nanovha/loading.py
+(load_model), which also resolves run folders and Hugging Face folders; this module knows one
+file and one dict.
 """
 import os
 import tempfile
@@ -42,7 +44,8 @@ def load_checkpoint(path, device="cpu"):
         raise ValueError(f"{path} is a folder, not a checkpoint file; give the file"
                          + (f" ({inner})" if os.path.isfile(inner) else " inside it"))
     try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)  # never runs code from the file
+        # never runs code from the file
+        ckpt = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:
         reason = str(e).strip().split("\n")[0].split(". ")[0][:160]
         raise ValueError(f"checkpoint {path} is corrupt or truncated ({type(e).__name__}: {reason}); "
@@ -57,8 +60,8 @@ class WeightsError(ValueError):
 
 
 def state_problem(model, state):
-    """Why `state` cannot be the weights of `model`, naming the first missing, extra, wrong-shaped or non-finite
-    tensor, or None."""
+    """Why `state` cannot be the weights of `model`, naming the first missing, extra,
+    wrong-shaped or non-finite tensor, or None."""
     want = model.state_dict()
     missing, extra = sorted(set(want) - set(state)), sorted(set(state) - set(want))
     if missing or extra:
@@ -91,9 +94,9 @@ def model_from_checkpoint(ckpt, device="cpu"):
 
 
 def model_from_state(cfg, state, device="cpu"):
-    """GPT(cfg) holding exactly `state` (our names, fused, padded), built on the meta device: no random init
-    of weights that are overwritten at once (seconds and a second copy of the model at 0.6B). Raises ValueError
-    naming a missing, extra, wrong-shaped or non-finite weight."""
+    """GPT(cfg) holding exactly `state` (our names, fused, padded), built on the meta device: no
+    random init of weights that are overwritten at once (seconds and a second copy of the model
+    at 0.6B). Raises ValueError naming a missing, extra, wrong-shaped or non-finite weight."""
     with torch.device("meta"):
         model = GPT(cfg)
     if problem := state_problem(model, state):

@@ -76,9 +76,11 @@ def build(model, path, batch_size=1, autotune=True):
     """Exports the decode step and compiles it into the AOTInductor package at path (written
     whole, then renamed)."""
     caches_before = [block.attn.kv_cache for block in model.blocks]
-    model.setup_cache(batch_size, 2 * CACHE_BLOCK)  # the slots functional_call fills; their length is dynamic
+    # the slots functional_call fills; their length is dynamic
+    model.setup_cache(batch_size, 2 * CACHE_BLOCK)
     example = [c.clone() for c in caches_of(model)]  # inputs distinct from the model's own buffers (no aliasing)
-    length = CACHE_BLOCK * torch.export.Dim("cache_blocks", min=1, max=(1 << 24) // CACHE_BLOCK)  # whole blocks
+    # whole blocks
+    length = CACHE_BLOCK * torch.export.Dim("cache_blocks", min=1, max=(1 << 24) // CACHE_BLOCK)
     token = torch.zeros(batch_size, 1, dtype=torch.long, device=example[0].device)
     pos = torch.tensor([3], device=token.device)
     try:
@@ -94,7 +96,8 @@ def build(model, path, batch_size=1, autotune=True):
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_", suffix=".pt2")
     os.close(fd)
     try:
-        quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # no tables printed
+        # no tables printed
+        quiet = {"autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
         configs = {"max_autotune": autotune, **quiet}
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", category=FutureWarning)

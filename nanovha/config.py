@@ -1,25 +1,27 @@
 """
-nanoGPT's "poor man's configurator", made strict: the one way every command and script takes its settings.
-A script keeps them as flat module-level defaults (lowercase names it assigns itself) and reads them in one call:
+nanoGPT's "poor man's configurator", made strict: the one way every command and script takes its
+settings. A script keeps them as flat module-level defaults (lowercase names it assigns itself)
+and reads them in one call:
 
     config = settings(flat_defaults(globals()), sys.argv[1:], optional={"head_dim": int}, limits={"top_k": at_least(1)})
     globals().update(config)
 
 where argv holds config files (`config/vha_small.py`, plain Python assignments) and `--key=value`
-overrides, applied left to right (a command that tests import and call, like fold.py, makes the same call in its
-main(argv)). An unknown key (an imported constant such as DATA_ROOT is not a key), a missing
-or broken file or a value of the wrong type is an error, never a silent no-op. One rule for None: it is a value only
-for keys whose default is None (a value derived later) and for the keys in `optional` (key -> the type of its other
-values). The settings come back as a dict whose `.given` names the keys a config file or a flag set (to any value,
-the default's included), so a resumed run can tell "left alone" from "asked for".
+overrides, applied left to right (a command that tests import and call, like fold.py, makes the
+same call in its main(argv)). An unknown key (an imported constant such as DATA_ROOT is not a
+key), a missing or broken file or a value of the wrong type is an error, never a silent no-op.
+One rule for None: it is a value only for keys whose default is None (a value derived later) and
+for the keys in `optional` (key -> the type of its other values). The settings come back as a
+dict whose `.given` names the keys a config file or a flag set (to any value, the default's
+included), so a resumed run can tell "left alone" from "asked for".
 
-Limits are data, checked in the same call: a tuple of the allowed values, a `Limit` (at_least(1), at_most(2**20)
-or one of your own: its text for the message and the test it runs) or a list of limits that must all hold. Some
-numbers are checked for every script, so no script can forget them (COMMON_LIMITS): a float must be finite (1e999
-parses to inf), a seed must fit 0..2^63-1, a thread count must not be negative, a generation must stay under
-MAX_GENERATION positions.
-sweep.py, ablate.py and uptrain.py make the same call through experiments.parse_command, whose --smoke / --quick
-sizes are config files too (config/<script>/<size>.py).
+Limits are data, checked in the same call: a tuple of the allowed values, a `Limit` (at_least(1),
+at_most(2**20) or one of your own: its text for the message and the test it runs) or a list of
+limits that must all hold. Some numbers are checked for every script, so no script can forget
+them (COMMON_LIMITS): a float must be finite (1e999 parses to inf), a seed must fit 0..2^63-1, a
+thread count must not be negative, a generation must stay under MAX_GENERATION positions.
+sweep.py, ablate.py and uptrain.py make the same call through experiments.parse_command, whose
+--smoke / --quick sizes are config files too (config/<script>/<size>.py).
 """
 import ast
 import math
@@ -49,7 +51,8 @@ class Assignments(dict):
 
 
 class Limit(NamedTuple):
-    """A range a number must lie in: `text` as the message says it (">= 1"), `ok` the test (value -> bool)."""
+    """A range a number must lie in: `text` as the message says it (">= 1"), `ok` the test (value
+    -> bool)."""
     text: str
     ok: Callable
 
@@ -63,11 +66,13 @@ def at_most(high, why=""):
     return Limit(f"<= {high}{why}", lambda v: v <= high)
 
 
-# what --dtype may name, in every command that takes one (auto: the machine's choice; float64: training and tests)
+# what --dtype may name, in every command that takes one (auto: the machine's choice; float64:
+# training and tests)
 DTYPES = ("auto", "float32", "bfloat16", "float16", "float64")
 SEED_MAX = 2**63 - 1  # torch's generators take any 64-bit seed; a run derives others from it, so keep one bit free
-# the longest generation fold.py and the scripts take: its token ids and KV cache are allocated up front (a million
-# positions of a small model is a few GB; sample.py checks its model's exact cache against this machine's memory)
+# the longest generation fold.py and the scripts take: its token ids and KV cache are allocated up
+# front (a million positions of a small model is a few GB; sample.py checks its model's exact cache
+# against this machine's memory)
 MAX_GENERATION = 2**20
 # checked for every script that has the key (a script's own limit for the key replaces it)
 COMMON_LIMITS = {"seed": Limit("in 0..2^63-1", lambda v: 0 <= v <= SEED_MAX), "threads": at_least(0),
@@ -77,8 +82,8 @@ COMMON_LIMITS = {"seed": Limit("in 0..2^63-1", lambda v: 0 <= v <= SEED_MAX), "t
 
 
 def limit_problem(key, value, limit):
-    """Why value breaks its limit (a Limit, a tuple of the allowed values or a list of limits that must all hold),
-    or None. None passes a Limit."""
+    """Why value breaks its limit (a Limit, a tuple of the allowed values or a list of limits
+    that must all hold), or None. None passes a Limit."""
     if isinstance(limit, list):
         return next(filter(None, (limit_problem(key, value, one) for one in limit)), None)
     if isinstance(limit, tuple) and not isinstance(limit, Limit):
@@ -123,7 +128,8 @@ def _parse_value(text):
 
 
 def own_names(namespace):
-    """The names a script's file assigns at its top level (not what it imports), or None without a readable file."""
+    """The names a script's file assigns at its top level (not what it imports), or None without
+    a readable file."""
     try:
         with open(namespace["__file__"]) as f:
             tree = ast.parse(f.read())
@@ -131,15 +137,17 @@ def own_names(namespace):
         return None
     targets = [t for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
-    while any(isinstance(t, (ast.Tuple, ast.List, ast.Starred)) for t in targets):  # a, b = ...: both names
+    # a, b = ...: both names
+    while any(isinstance(t, (ast.Tuple, ast.List, ast.Starred)) for t in targets):
         targets = [e for t in targets for e in (t.elts if isinstance(t, (ast.Tuple, ast.List))
                                                 else [t.value] if isinstance(t, ast.Starred) else [t])]
     return {t.id for t in targets if isinstance(t, ast.Name)}  # not x[k] = ... nor x.y = ...
 
 
 def flat_defaults(namespace):
-    """A script's settings: the ints, floats, bools, strings and Nones it assigns at its top level under a lowercase
-    name not starting with _ (an imported constant such as DATA_ROOT, or a TABLE, is not a setting)."""
+    """A script's settings: the ints, floats, bools, strings and Nones it assigns at its top
+    level under a lowercase name not starting with _ (an imported constant such as DATA_ROOT, or
+    a TABLE, is not a setting)."""
     own = own_names(namespace)
     return {k: v for k, v in namespace.items()
             if k.islower() and not k.startswith("_") and (own is None or k in own)
@@ -147,8 +155,9 @@ def flat_defaults(namespace):
 
 
 def settings(defaults, argv, optional=None, limits=None):
-    """The block every script runs: defaults overridden by argv, each value within its limit, "device" (if a knob)
-    resolved to this machine's; a bad setting exits in one line (`error: ...`)."""
+    """The block every script runs: defaults overridden by argv, each value within its limit,
+    "device" (if a knob) resolved to this machine's; a bad setting exits in one line (`error:
+    ...`)."""
     try:
         config = configure(defaults, argv, optional)
         for key, limit in {**COMMON_LIMITS, **(limits or {})}.items():
@@ -162,8 +171,8 @@ def settings(defaults, argv, optional=None, limits=None):
 
 
 def config_file_values(path, namespace=None):
-    """The assignments of a config file, run on top of namespace (the settings so far); ConfigError if it does not
-    run. Names starting with _ and imported modules are left out."""
+    """The assignments of a config file, run on top of namespace (the settings so far);
+    ConfigError if it does not run. Names starting with _ and imported modules are left out."""
     if os.path.isdir(path):
         raise ConfigError(f"config file {path!r} is a folder; give a file such as config/vha_small.py")
     if not os.path.isfile(path):
@@ -185,7 +194,8 @@ def configure(defaults, argv, optional=None):
         if not arg.startswith("--"):
             for key, value in config_file_values(arg, config).items():
                 if key not in defaults:
-                    raise ConfigError(f"{arg}: unknown config key {key!r}; known keys: {', '.join(sorted(defaults))}")
+                    raise ConfigError(f"{arg}: unknown config key {key!r}; known keys: "
+                                      f"{', '.join(sorted(defaults))}")
                 config[key] = _check_type(key, value, defaults[key], optional)
                 given.add(key)
         else:
@@ -193,7 +203,8 @@ def configure(defaults, argv, optional=None):
             if not sep:
                 raise ConfigError(f"bad argument {arg!r}: write --key=value")
             if key not in defaults:
-                raise ConfigError(f"unknown config key {key!r} in {arg!r}; known keys: {', '.join(sorted(defaults))}")
+                raise ConfigError(f"unknown config key {key!r} in {arg!r}; known keys: "
+                                  f"{', '.join(sorted(defaults))}")
             value = _parse_value(text)
             if isinstance(defaults[key], str) and not isinstance(value, str):
                 value = text  # a string knob keeps what was typed, e.g. --out_dir=123
@@ -213,10 +224,12 @@ def resolve_device(device):
     if kind not in ("cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
         raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
     if kind == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA GPU (torch {torch.__version__}, "
+        raise ConfigError(f"device {device!r} asked for, but torch sees no CUDA GPU (torch "
+                          f"{torch.__version__}, "
                           f"CUDA build {torch.version.cuda}); use --device=cpu or --device=auto")
     if kind == "cuda" and index and int(index) >= torch.cuda.device_count():
-        raise ConfigError(f"device {device!r} asked for, but there are only {torch.cuda.device_count()} GPUs "
+        raise ConfigError(f"device {device!r} asked for, but there are only "
+                          f"{torch.cuda.device_count()} GPUs "
                           f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
     if kind == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("device 'mps' asked for, but this machine has no usable Apple GPU; use --device=cpu")
@@ -224,7 +237,8 @@ def resolve_device(device):
 
 
 def need(ok, msg):
-    """A bad setting stops the script here, in one line (`error: msg`), not as a traceback an hour in."""
+    """A bad setting stops the script here, in one line (`error: msg`), not as a traceback an
+    hour in."""
     if not ok:
         sys.exit(f"error: {msg}")
 

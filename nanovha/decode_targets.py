@@ -1,13 +1,16 @@
 """
-bench_decode.py's verdicts: the folded VHA model's decode targets and our decode against llama.cpp's, printed
-PASS/FAIL beside the figures they rest on, returned as numbers for the JSON line.
+bench_decode.py's verdicts: the folded VHA model's decode targets and our decode against
+llama.cpp's, printed PASS/FAIL beside the figures they rest on, returned as numbers for the JSON
+line.
 """
 from nanovha.hardware import verdict
 
 
 def check_targets(models, at, breakdown, top, op_floor_ms, dtype_name, runtimes, same_deploy):
-    """The folded VHA model's decode targets at context `top` in the first of `runtimes`, printed PASS/FAIL
-    -> {name: measured ratio}. same_deploy: the GQA variant of the folded model's shape, built directly."""
+    """The folded VHA model's decode targets at context `top` in the first of `runtimes`, printed
+    PASS/FAIL
+    -> {name: measured ratio}. same_deploy: the GQA variant of the folded model's shape, built directly.
+    """
     targets, runtime = {}, runtimes[0]
     if "vha_folded" not in models:
         return targets
@@ -41,14 +44,15 @@ def check_targets(models, at, breakdown, top, op_floor_ms, dtype_name, runtimes,
 
 
 def llama_ratios(at, runners, ctxs, breakdown, runtimes):
-    """Our decode tok/s over llama.cpp's, same model, per context and runtime -> {runner: {runtime: {ctx: ratio}}},
-    printed, with the targets for the first runtime: >= 1.0x from 1K on, a fixed cost per token (context 1) at most
-    llama.cpp's."""
+    """Our decode tok/s over llama.cpp's, same model, per context and runtime -> {runner:
+    {runtime: {ctx: ratio}}}, printed, with the targets for the first runtime: >= 1.0x from 1K
+    on, a fixed cost per token (context 1) at most llama.cpp's."""
     ratios = {}
     for name, (_, base) in runners.items():
         ours, theirs_fixed = breakdown[base]["ms_ctx1"], breakdown[name]["ms_ctx1"]
         print(f"\nfixed cost per token (context 1), {base}: ours ({runtimes[0]}) {ours:.2f} ms, llama.cpp "
-              f"{theirs_fixed:.2f} ms: {ours / theirs_fixed:.2f}x theirs  <= 1x: {verdict(ours <= theirs_fixed)}")
+              f"{theirs_fixed:.2f} ms: {ours / theirs_fixed:.2f}x theirs  <= 1x: "
+              f"{verdict(ours <= theirs_fixed)}")
         theirs = {ctx: at[(name, "llama.cpp", ctx)]["decode_tok_s"] for ctx in ctxs}
         ratios[name] = {r: {ctx: at[(base, r, ctx)]["decode_tok_s"] / theirs[ctx] for ctx in ctxs} for r in runtimes}
         for runtime, by_ctx in ratios[name].items():

@@ -86,7 +86,8 @@ def char_vocab(meta):
     if bad:
         raise ValueError(
             f"--export_gguf: the char vocab holds {', '.join(map(repr, bad[:5]))}, which llama.cpp cannot "
-            f"read as one character each (UTF-8 text, one character per token); re-prepare the dataset without them")
+            f"read as one character each (UTF-8 text, one character per token); re-prepare the "
+            f"dataset without them")
     return dict(model="rwkv", pre=None, tokens=[rwkv_spelling(itos[i]) for i in range(len(itos))],
                 types=[1] * len(itos), merges=None, bos=None, eos=None)
 

@@ -2,14 +2,17 @@
 The GPU check's plan (scripts/gpu_check.py): its sections in the order of their value, each with
 a time limit and the torch.compile graphs it is planned to build, the budget those limits must
 fit, the preflight's one-line checks, the compile-counter line every compiling section prints,
-and the report lines made from the benchmarks' JSON. No torch at import: the check's parent
-process reads the plan.
+and the report lines made from the benchmarks' JSON; the runner that cuts a section at its
+limit (run_logged). No torch at import: the check's parent process reads the plan.
 """
 import importlib
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import sysconfig
+import time
 
 # A lent machine: 15 minutes of device time in all, its start (1-2 minutes) included; the check must
 # fit twice (a rerun after a fix) with the start and each call's own overhead (process start,
@@ -34,7 +37,8 @@ def decode_graphs(n_variants, n_contexts):
 PLAN = dict(
     preflight=(15, 0, "no compile: versions, the device, cc and Python.h, triton, numpy"),
     correctness=(40, 1, "the one-token step, compiled once and replayed (the dry run compiles it too: 1 graph)"),
-    smoke=(100, 2, "train.py: the training and the eval graph, 2 at every eval (tests/test_compile.py)"),
+    smoke=(100, 2, "train.py: the training and the eval graph, 2 at every eval "
+                   "(tests/test_compile.py)"),
     limits=(15, 0, "no compile: a copy and one matmul"),
     train=(90, 2, "bench.py --compile=True: one graph per model, vha and gqa2 (counted on the CPU: 2)"),
     decode=(70, decode_graphs(2, 1), "bench_decode.py --compile=graphs, 2 variants x 1 context (decode_graphs; "
@@ -78,7 +82,8 @@ def counters_line(counters, planned, cuda_graphs):
     if counters is None:
         return "compile counters: none (compile off in this run)", []
     graphs, breaks, skips = (counters[k] for k in ("compiled_graphs", "graph_breaks", "cudagraph_skips"))
-    line = (f"compile counters: {graphs} graphs (planned {planned}), {breaks} graph breaks, {skips} CUDA-graph skips"
+    line = (f"compile counters: {graphs} graphs (planned {planned}), {breaks} graph breaks, "
+            f"{skips} CUDA-graph skips"
             + ("  OVER PLAN" if graphs > planned else ""))
     fails = ([f"{breaks} graph breaks"] if breaks else []) + ([f"{skips} CUDA-graph skips"] if skips and cuda_graphs
                                                               else [])
@@ -122,7 +127,8 @@ def train_lines(result, matmul_tflop_s):
     for r in result["results"]:
         spec = f"MFU {r['mfu']:.1%} of the spec" if r.get("mfu") else "MFU n/a (no spec for this device)"
         measured = r["flops_per_token"] * r["tok_s"] / 1e12 / matmul_tflop_s if matmul_tflop_s else None
-        out.append(f"{r['variant']:6s} {r['heads']:12s} {r['params_m']:6.1f}M params {r['tok_s']:10,.0f} tok/s  {spec}"
+        out.append(f"{r['variant']:6s} {r['heads']:12s} {r['params_m']:6.1f}M params "
+                   f"{r['tok_s']:10,.0f} tok/s  {spec}"
                    + (f", {measured:.1%} of the measured matmul" if measured else ""))
     named = {r["variant"]: r for r in result["results"]}
     if "vha" in named and len(named) == 2:
@@ -145,11 +151,13 @@ def decode_lines(result, copy_gb_s):
             bandwidth = f"{r['gb_s']:7.1f} GB/s of weights + KV = {r['gb_s'] / copy_gb_s:.0%} of the measured copy"
         out.append(f"{r['variant']:10s} {r['runtime']:7s} {ctx:>5s} {r['decode_tok_s']:9.1f} tok/s  {bandwidth}")
     top = max(r["ctx"] for r in result["results"])
-    out.append(f"at context {top}: op floor (the same launches at head dim 2) {result['op_floor_ms']:.3f} ms/token")
+    out.append(f"at context {top}: op floor (the same launches at head dim 2) "
+               f"{result['op_floor_ms']:.3f} ms/token")
     for b in result["breakdown"]:
         kv = (f"{b['kv_gb_s']:.0f} GB/s = {b['kv_gb_s'] / copy_gb_s:.0%} of the measured copy" if b["kv_gb_s"]
               else "n/a (no slower than context 1)")
-        out.append(f"{b['variant']:10s} step {b['ms_top']:.3f} ms = context-1 step {b['ms_ctx1']:.3f} ms + KV part "
+        out.append(f"{b['variant']:10s} step {b['ms_top']:.3f} ms = context-1 step "
+                   f"{b['ms_ctx1']:.3f} ms + KV part "
                    f"{b['kv_ms']:.3f} ms: {kv}")
         if b.get("attn_ms"):
             out.append(f"{'':10s} the attention alone {b['attn_ms']:.3f} ms: {b['attn_gb_s']:.0f} GB/s of K/V = "
@@ -161,3 +169,40 @@ def describe(backends, ops):
     if not backends:
         return "no SDPA (grouped matmuls)"
     return ("MATH PATH: " if "math" in backends else "") + "/".join(backends) + f"  ({', '.join(ops)})"
+
+
+def parse_sections(text):
+    """"smoke,decode" -> ["decode", "smoke"], in the check's order; ValueError (one line) on an
+    unknown name."""
+    names = [s for s in text.split(",") if s]
+    unknown = [s for s in names if s not in SECTIONS]
+    if unknown or not names:
+        raise ValueError(f"sections must be a comma-separated subset of {','.join(SECTIONS)}, got {text!r}")
+    return [s for s in SECTIONS if s in names]
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where the sections' commands run
+
+
+# ---- processes: a time limit each, the whole process group cut at it, the output in a log ----
+def run_logged(cmd, log_path, timeout, own_group=False):
+    """Runs cmd with stdout and stderr into log_path -> (exit code, or None when cut at timeout
+    seconds; wall s; the log's text). own_group: cmd and everything it starts form one process
+    group, killed together at the limit (the sections); otherwise cmd alone is killed (its
+    children share this process's group)."""
+    t0 = time.time()
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group)
+        try:
+            rc = proc.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            if own_group:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+            proc.wait()
+            rc = None
+    with open(log_path) as f:
+        return rc, time.time() - t0, f.read()

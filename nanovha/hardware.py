@@ -65,7 +65,8 @@ def choose_dtype(device_type, dtype):
         if dtype == "auto":
             return "float32", f"float32: nothing to time bfloat16 on ({isa})"
         if dtype in ("bfloat16", "float16") and not native:
-            return dtype, (f"warning: {dtype} was asked for, but this CPU has no native bf16 ({isa}): it is emulated, "
+            return dtype, (f"warning: {dtype} was asked for, but this CPU has no native bf16 "
+                           f"({isa}): it is emulated, "
                            f"many times slower than float32; drop --dtype (auto picks the faster here) "
                            "or pass --dtype=float32")
         return dtype, f"{dtype}: asked for"
@@ -131,7 +132,8 @@ GPU_SPECS = {
     "Tesla V100-SXM2-16GB": (125e12, 0.9e12), "Tesla V100-SXM2-32GB": (125e12, 0.9e12), "Tesla T4": (65e12, 0.32e12),
 }
 FAMILY = {"H200": "NVIDIA H200", "L40S": "NVIDIA L40S", "L40": "NVIDIA L40", "L4": "NVIDIA L4", "A10": "NVIDIA A10",
-          "4090": "NVIDIA GeForce RTX 4090", "3090": "NVIDIA GeForce RTX 3090", "T4": "Tesla T4"}  # unambiguous tokens
+          # unambiguous tokens
+          "4090": "NVIDIA GeForce RTX 4090", "3090": "NVIDIA GeForce RTX 3090", "T4": "Tesla T4"}
 
 
 def gpu_spec(name):
@@ -187,7 +189,8 @@ def copy_bandwidth(device, mib=1024):
     src = torch.full((mib * 2**20 // 4,), 1.0, device=device)
     dst = torch.empty_like(src)
     device_type = src.device.type
-    seconds = statistics.median([timed(lambda: dst.copy_(src), device_type) for _ in range(6)][1:])  # 1st: warm-up
+    # 1st: warm-up
+    seconds = statistics.median([timed(lambda: dst.copy_(src), device_type) for _ in range(6)][1:])
     return 2 * mib * 2**20 / seconds
 
 

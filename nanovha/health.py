@@ -64,7 +64,8 @@ def recording(apply_postmix, ratios):
     """
     def recorded(a):  # a: (B, H, T, d)
         mixed = apply_postmix(a)
-        ratio = (mixed - a).float().norm(dim=(1, 3)) / a.float().norm(dim=(1, 3)).clamp_min(1e-12)  # (B, T)
+        # (B, T)
+        ratio = (mixed - a).float().norm(dim=(1, 3)) / a.float().norm(dim=(1, 3)).clamp_min(1e-12)
         ratios.append(ratio.mean().item())
         return mixed
     return recorded

@@ -53,18 +53,22 @@ def split_kv_attention(q, k, v, visible, scale=None, splits=None):
     B, H_kv, G, d = q.shape
     T = k.size(2)
     S = torch.get_num_threads() // (B * H_kv) if splits is None else splits
-    S = 1 << (min(S, CACHE_BLOCK).bit_length() - 1) if S >= 1 and q.device.type == "cpu" else 1  # a power of 2
+    # a power of 2
+    S = 1 << (min(S, CACHE_BLOCK).bit_length() - 1) if S >= 1 and q.device.type == "cpu" else 1
     if S < 2 or T % S or v.size(-1) != d:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None], scale=scale)
     n = T // S
-    qs = q[:, :, None].expand(B, H_kv, S, G, d).reshape(B, H_kv * S, G, d)  # (B, H_kv*S, G, d): chunks as heads
-    ks, vs = k.view(B, H_kv * S, n, d), v.view(B, H_kv * S, n, d)  # (B, H_kv*S, n, d): chunk s of KV head g
+    # (B, H_kv*S, G, d): chunks as heads
+    qs = q[:, :, None].expand(B, H_kv, S, G, d).reshape(B, H_kv * S, G, d)
+    # (B, H_kv*S, n, d): chunk s of KV head g
+    ks, vs = k.view(B, H_kv * S, n, d), v.view(B, H_kv * S, n, d)
     seen = visible.view(S, n)  # (S, n)
     bias = torch.zeros(S, n, dtype=q.dtype, device=q.device).masked_fill(~seen, float("-inf"))
     bias = bias[None, :, None].expand(H_kv, S, 1, n).reshape(1, H_kv * S, 1, n)  # (1, H_kv*S, 1, n)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qs, ks, vs, 0.0, False,
                                                                            attn_mask=bias, scale=scale)
-    lse = lse.view(B, H_kv, S, G).masked_fill(~seen.any(dim=1)[:, None], float("-inf"))  # a chunk not yet written
+    # a chunk not yet written
+    lse = lse.view(B, H_kv, S, G).masked_fill(~seen.any(dim=1)[:, None], float("-inf"))
     acc = torch.promote_types(q.dtype, torch.float32)  # bf16 chunks merge in float32
     w = lse.to(acc).softmax(dim=2)[..., None]  # (B, H_kv, S, G, 1): chunk s's share of the softmax mass
     return (out.view(B, H_kv, S, G, d).to(acc) * w).sum(dim=2).to(q.dtype)  # (B, H_kv, G, d)
@@ -77,8 +81,10 @@ def grouped_decode_attention(q, k, v):
     group as query rows (attend)."""
     B, H_q, _, hd = q.shape
     H_kv = k.size(1)
-    qg = q.view(B, H_kv, H_q // H_kv, hd) * hd ** -0.5  # (B, H_kv, group, hd): heads j = g*group + i; scaled
-    scores = qg @ k.transpose(-2, -1)  # (B, H_kv, group, Tk): scaling q is cheaper than scaling Tk scores
+    # (B, H_kv, group, hd): heads j = g*group + i; scaled
+    qg = q.view(B, H_kv, H_q // H_kv, hd) * hd ** -0.5
+    # (B, H_kv, group, Tk): scaling q is cheaper than scaling Tk scores
+    scores = qg @ k.transpose(-2, -1)
     out = scores.softmax(dim=-1) @ v  # (B, H_kv, group, hd)
     return out.view(B, H_q, 1, hd)
 
@@ -91,9 +97,11 @@ def decode_attention(q, k, v, start_pos):
     if not isinstance(start_pos, torch.Tensor):
         return grouped_decode_attention(q, k, v)
     B, H, _, d = q.shape
-    visible = torch.arange(k.size(2), device=k.device) <= start_pos  # (max_len,): the positions written
+    # (max_len,): the positions written
+    visible = torch.arange(k.size(2), device=k.device) <= start_pos
     qg = q.view(B, k.size(1), H // k.size(1), d)  # (B, H_kv, group, d): heads j = g*group + i
-    return split_kv_attention(qg, k, v, visible).view(B, H, 1, d)  # (B, H_kv, group, d) -> (B, H, 1, d)
+    # (B, H_kv, group, d) -> (B, H, 1, d)
+    return split_kv_attention(qg, k, v, visible).view(B, H, 1, d)
 
 
 @torch.no_grad()

@@ -105,7 +105,8 @@ def runners(models, metas, device_type):
             print(f"llama.cpp: {name} not timed: {e}")
     if out:
         dtype = str(next(iter(models.values())).embed.weight.dtype)[6:]
-        print(f"llama.cpp: llama-cpp-python {version()}, {dtype} weights and KV cache, {torch.get_num_threads()} "
+        print(f"llama.cpp: llama-cpp-python {version()}, {dtype} weights and KV cache, "
+              f"{torch.get_num_threads()} "
               f"threads, the context filled by a real prefill; one llama_decode per token")
     return out
 

@@ -42,8 +42,10 @@ def loglikelihoods(model, meta, prefix, requests):
         if len(ids) - 1 > model.cfg.block_size:
             raise ValueError(f"a request of {len(ids)} tokens does not fit the model's context of "
                              f"{model.cfg.block_size}: lm-eval would cut it from the left; use shorter items")
-        logits = model(torch.tensor([ids[:-1]], device=dev))[0][0, :, :meta["vocab_size"]]  # (T-1, vocab): unpadded
-        logp = torch.log_softmax(logits.double(), -1)[n_context - 1:].cpu()  # the rows predicting the continuation
+        # (T-1, vocab): unpadded
+        logits = model(torch.tensor([ids[:-1]], device=dev))[0][0, :, :meta["vocab_size"]]
+        # the rows predicting the continuation
+        logp = torch.log_softmax(logits.double(), -1)[n_context - 1:].cpu()
         target = torch.tensor(ids[n_context:])
         out.append((logp.gather(1, target[:, None]).sum().item(), bool((logp.argmax(-1) == target).all()),
                     len(target), logits.abs().max().item()))

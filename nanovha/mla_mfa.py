@@ -80,7 +80,8 @@ class MLAttention(nn.Module):
             self.q_latent_norm = RMSNorm(cfg.q_rank, cfg.norm_eps)
             self.q_up = nn.Linear(cfg.q_rank, H * (d + dR), bias=False)
         self.kv_norm = RMSNorm(r, cfg.norm_eps)
-        self.kv_up = nn.Linear(r, H * 2 * d, bias=False)  # rows per head h: [W_uk,h (d); W_uv,h (d)]
+        # rows per head h: [W_uk,h (d); W_uv,h (d)]
+        self.kv_up = nn.Linear(r, H * 2 * d, bias=False)
         self.o_proj = nn.Linear(H * d, D, bias=False)
         self.cache_dims = (1, r + dR, 0)  # KVCache: one latent "head", k <- [c_kv ; k_R], v unused
         self.kv_cache = None
@@ -107,25 +108,29 @@ class MLAttention(nn.Module):
         cfg = self.cfg
         B, T, _ = x.shape
         H, d, dR = cfg.n_head, cfg.head_dim, cfg.mla_rope_dim
-        q, c_kv, k_rope = self.qkv_proj(x).split(self.qkv_split, dim=-1)  # (B, T, q width | r | d_R)
+        # (B, T, q width | r | d_R)
+        q, c_kv, k_rope = self.qkv_proj(x).split(self.qkv_split, dim=-1)
         if cfg.q_rank:
             q = self.q_up(self.q_latent_norm(q))  # (B, T, H*(d+d_R))
         q = q.view(B, T, H, d + dR).transpose(1, 2)  # (B, H, T, d + d_R)
         q_nope, q_rope = q.split([d, dR], dim=-1)  # (B, H, T, d), (B, H, T, d_R)
         q_rope = apply_rope(q_rope, cos, sin)
         c_kv = self.kv_norm(c_kv)[:, None]  # (B, 1, T, r)
-        k_rope = apply_rope(k_rope[:, None], cos, sin)  # (B, 1, T, d_R): one RoPE key for every head
+        # (B, 1, T, d_R): one RoPE key for every head
+        k_rope = apply_rope(k_rope[:, None], cos, sin)
         static = isinstance(start_pos, torch.Tensor)
         kv = torch.cat([c_kv, k_rope], dim=-1)  # (B, 1, T, r + d_R): what a token caches
         if start_pos is not None:
             kv, _ = self.kv_cache.update(start_pos, kv, kv[..., :0])  # (B, 1, Tk, r + d_R)
-        visible = torch.arange(kv.size(2), device=x.device) <= start_pos if static else None  # (max_len,): written
+        # (max_len,): written
+        visible = torch.arange(kv.size(2), device=x.device) <= start_pos if static else None
         if T == 1 and start_pos is not None and cfg.mla_decode == "absorb":
             a = self.absorbed_attention(q_nope, q_rope, kv, visible)
         else:
             c_kv, k_rope = kv.split([cfg.mla_kv_rank, dR], dim=-1)  # (B, 1, Tk, r), (B, 1, Tk, d_R)
             a = self.naive_attention(q_nope, q_rope, c_kv, k_rope, visible, causal=T > 1)
-        return self.o_proj(a.transpose(1, 2).reshape(B, T, H * d))  # (B, H, T, d) -> (B, T, H*d) -> (B, T, D)
+        # (B, H, T, d) -> (B, T, H*d) -> (B, T, D)
+        return self.o_proj(a.transpose(1, 2).reshape(B, T, H * d))
 
     def naive_attention(self, q_nope, q_rope, c_kv, k_rope, visible, causal):
         """Up-projects the latents to per-head keys and values, then ordinary attention. -> (B,
@@ -135,10 +140,12 @@ class MLAttention(nn.Module):
         kv = self.kv_up(c_kv[:, 0]).view(B, Tk, H, 2 * d).transpose(1, 2)  # (B, H, Tk, 2d)
         k_nope, v = kv.split([d, d], dim=-1)  # (B, H, Tk, d) each
         q = torch.cat([q_nope, q_rope], dim=-1)  # (B, H, T, d + d_R)
-        k = torch.cat([k_nope, k_rope.expand(B, H, Tk, k_rope.size(-1))], dim=-1)  # (B, H, Tk, d + d_R)
+        # (B, H, Tk, d + d_R)
+        k = torch.cat([k_nope, k_rope.expand(B, H, Tk, k_rope.size(-1))], dim=-1)
         if self.cfg.attn_impl == "plain" and visible is None:
             return plain_attention(q, k, v)
-        mask = None if visible is None else visible[None, :]  # (1, Tk): broadcast over batch, heads, queries
+        # (1, Tk): broadcast over batch, heads, queries
+        mask = None if visible is None else visible[None, :]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and visible is None,
                                               dropout_p=self.cfg.dropout if self.training else 0.0)
 
@@ -148,13 +155,16 @@ class MLAttention(nn.Module):
         H, d, r = self.cfg.n_head, self.cfg.head_dim, self.cfg.mla_kv_rank
         W_uk, W_uv = self.kv_up.weight.view(H, 2 * d, r).split([d, d], dim=1)  # (H, d, r) each
         q_latent = q_nope @ W_uk  # (B, H, 1, d) @ (H, d, r) -> (B, H, 1, r): W_uk,h^T q_C,h
-        q = torch.cat([q_latent, q_rope], dim=-1).transpose(1, 2)  # (B, 1, H, r + d_R): H query rows, one KV head
+        # (B, 1, H, r + d_R): H query rows, one KV head
+        q = torch.cat([q_latent, q_rope], dim=-1).transpose(1, 2)
         # q . [c_t ; k_R,t] = q_latent . c_t + q_R . k_R,t; the cached row is the value too, of
         # which the first r columns are kept: sum_t p_t c_t. One SDPA reads the cache once for every
         # head (a (B, H, 1, r) query would broadcast the cache to every head, copying it H times)
         if visible is None:
-            visible = torch.ones(kv.size(2), dtype=torch.bool, device=kv.device)  # (Tk,): exactly the past
-        a = split_kv_attention(q, kv, kv, visible, scale=1 / math.sqrt(d + q_rope.size(-1)))  # (B, 1, H, r + d_R)
+            # (Tk,): exactly the past
+            visible = torch.ones(kv.size(2), dtype=torch.bool, device=kv.device)
+        # (B, 1, H, r + d_R)
+        a = split_kv_attention(q, kv, kv, visible, scale=1 / math.sqrt(d + q_rope.size(-1)))
         a_latent = a[..., :r].transpose(1, 2)  # (B, H, 1, r): sum_t p_t c_t
         return a_latent @ W_uv.transpose(-2, -1)  # (B, H, 1, d): W_uv,h (sum_t p_t c_t)
 

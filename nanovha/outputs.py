@@ -1,9 +1,11 @@
 """
-What a command may write, checked before it writes anything, the one guard every command uses. Every path is
-resolved (symlinks, `..`) first; then no output is one of its inputs (or inside an input folder), nor another output,
-nor lands in another run's folder; an existing export is replaced only with --overwrite=True; every output folder is a
-writable folder. One process at a time writes a folder (an exclusive lock the kernel releases when the process dies,
-so a killed run never leaves a stale one); a training run holds its data folder shared, so no prepare replaces it.
+What a command may write, checked before it writes anything, the one guard every command uses.
+Every path is resolved (symlinks, `..`) first; then no output is one of its inputs (or inside an
+input folder), nor another output, nor lands in another run's folder; an existing export is
+replaced only with --overwrite=True; every output folder is a writable folder. One process at a
+time writes a folder (an exclusive lock the kernel releases when the process dies, so a killed
+run never leaves a stale one); a training run holds its data folder shared, so no prepare
+replaces it.
 
     stop_if(output_problem({"--export_gguf": path}, {"--ckpt_name": src}, own=[out_dir], exports=["--export_gguf"]))
     lock = hold(out_dir)   # until lock.close() or the process ends; a second process: one line with our pid
@@ -17,7 +19,8 @@ import shutil
 import tempfile
 
 RUN_FILES = ("ckpt.pt", "log.jsonl")  # what makes a folder a run: train.py's checkpoint and log
-DATA_FILES = ("train.bin", "val.bin", "meta.pkl", "val.npz")  # what makes a folder a prepared dataset
+# what makes a folder a prepared dataset
+DATA_FILES = ("train.bin", "val.bin", "meta.pkl", "val.npz")
 
 
 def resolved(path):
@@ -30,8 +33,9 @@ def inside(path, folder):
 
 
 def clobber_problem(outputs, inputs):
-    """outputs, inputs: {what (the flag that names it): path}. The first output that would write over an input (the
-    same file through any link, a path inside an input folder, or a folder holding an input), as one line, or None."""
+    """outputs, inputs: {what (the flag that names it): path}. The first output that would write
+    over an input (the same file through any link, a path inside an input folder, or a folder
+    holding an input), as one line, or None."""
     for out_name, out_path in outputs.items():
         if not out_path:
             continue
@@ -54,15 +58,17 @@ def same_file(a, b):
 
 
 def output_problem(outputs, inputs, own=(), exports=(), overwrite=False):
-    """The one check of a command's outputs ({flag: path}, files or folders; a false path is skipped) before any work,
-    as one line, or None: no output is an input (clobber_problem) or overlaps another output; none lands in a folder
-    holding another run than `own` (this command's run folders); an existing file or non-empty folder named in
-    `exports` needs overwrite; every output's folder is a writable folder."""
+    """The one check of a command's outputs ({flag: path}, files or folders; a false path is
+    skipped) before any work, as one line, or None: no output is an input (clobber_problem) or
+    overlaps another output; none lands in a folder holding another run than `own` (this
+    command's run folders); an existing file or non-empty folder named in `exports` needs
+    overwrite; every output's folder is a writable folder."""
     named = {flag: path for flag, path in outputs.items() if path}
     mine = {resolved(folder) for folder in own if folder}
     pairs = [(a, b) for a in named for b in named if a != b]
     return (clobber_problem(named, inputs)
-            or next((f"{a}={named[a]} and {b}={named[b]} are the same path, or one holds the other; write them apart"
+            or next((f"{a}={named[a]} and {b}={named[b]} are the same path, or one holds the "
+                     f"other; write them apart"
                      for a, b in pairs if inside(resolved(named[a]), resolved(named[b]))), None)
             or next((p for flag, path in named.items() if (p := foreign_run_problem(path, flag, mine))), None)
             or next((p for flag in exports if flag in named and (p := existing_problem(named[flag], flag, overwrite))),
@@ -71,7 +77,8 @@ def output_problem(outputs, inputs, own=(), exports=(), overwrite=False):
 
 
 def figure_problem(path, flag, inputs=None):
-    """output_problem for a figure a command saves at its end: also its folder must exist (checked before the work)."""
+    """output_problem for a figure a command saves at its end: also its folder must exist
+    (checked before the work)."""
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         return f"{flag}={path}: the folder {folder} does not exist; create it or choose another path"
@@ -84,18 +91,20 @@ def parent(path):
 
 
 def foreign_run_problem(path, flag, mine):
-    """Why writing path would touch another run (a file in, or a folder that is, a folder holding ckpt.pt or
-    log.jsonl that is not one of `mine`), or None."""
+    """Why writing path would touch another run (a file in, or a folder that is, a folder holding
+    ckpt.pt or log.jsonl that is not one of `mine`), or None."""
     folder = resolved(parent(path))
     theirs = [n for n in RUN_FILES if os.path.exists(os.path.join(folder, n))]
     if theirs and folder not in mine:
-        return (f"{flag}={path} would write into {folder}, another run's folder ({', '.join(theirs)}); "
+        return (f"{flag}={path} would write into {folder}, another run's folder "
+                f"({', '.join(theirs)}); "
                 f"write elsewhere")
     return None
 
 
 def existing_problem(path, flag, overwrite):
-    """Why an export may not replace what is at path (an existing file or non-empty folder without overwrite)."""
+    """Why an export may not replace what is at path (an existing file or non-empty folder
+    without overwrite)."""
     full = os.path.isdir(path) and bool(os.listdir(path))
     if not overwrite and (full or os.path.isfile(path)):
         what = "a folder that is not empty" if full else "an existing file"
@@ -104,15 +113,16 @@ def existing_problem(path, flag, overwrite):
 
 
 def file_name_problem(name, flag="--out_name"):
-    """Why name is not a plain file name (it is written inside out_dir: no folder, no '..'), or None."""
+    """Why name is not a plain file name (it is written inside out_dir: no folder, no '..'), or
+    None."""
     if not name or name in (".", "..") or os.path.basename(name) != name or os.sep in name:
         return f"{flag}={name!r} must be a plain file name (it is written inside --out_dir): no folder, no '..'"
     return None
 
 
 def folder_problem(folder, flag):
-    """Why folder cannot be an output folder (a file, a dangling symlink, not writable), or None. Nothing is
-    created."""
+    """Why folder cannot be an output folder (a file, a dangling symlink, not writable), or None.
+    Nothing is created."""
     if os.path.islink(folder) and not os.path.exists(folder):
         return (f"{flag}={folder} is a symlink to {os.readlink(folder)}, which does not exist; remove the link or "
                 f"choose another {flag}")
@@ -122,23 +132,26 @@ def folder_problem(folder, flag):
 
 
 def dataset_problem(out_dir, inputs, overwrite):
-    """For data/*/prepare.py, under the folder's lock: why it may not write a dataset into out_dir (an input inside
-    it, a dataset there already without overwrite, another run's folder), or None. inputs: (flag, path) pairs."""
+    """For data/*/prepare.py, under the folder's lock: why it may not write a dataset into
+    out_dir (an input inside it, a dataset there already without overwrite, another run's
+    folder), or None. inputs: (flag, path) pairs."""
     folder = resolved(out_dir)
     there = [n for n in DATA_FILES if os.path.exists(os.path.join(folder, n))]
     for flag, path in inputs:
         if path and inside(resolved(path), folder):
             return f"{flag}={path} lies inside --out_dir={out_dir}, which prepare writes; move it out or choose another"
     if there and not overwrite:
-        return (f"--out_dir={out_dir} already holds a dataset ({', '.join(there)}); pass --overwrite=True to replace "
+        return (f"--out_dir={out_dir} already holds a dataset ({', '.join(there)}); pass "
+                f"--overwrite=True to replace "
                 f"it, or choose another --out_dir")
     return foreign_run_problem(out_dir, "--out_dir", set())
 
 
 @contextlib.contextmanager
 def preparing(out_dir, inputs=(), overwrite=False):
-    """A prepare script's with-block: the folder's lock (no second prepare, no training run reading it), then
-    dataset_problem; a refusal raises SystemExit with one line, and a folder this created is removed again."""
+    """A prepare script's with-block: the folder's lock (no second prepare, no training run
+    reading it), then dataset_problem; a refusal raises SystemExit with one line, and a folder
+    this created is removed again."""
     if problem := folder_problem(out_dir, "--out_dir"):
         raise SystemExit(f"error: {problem}")
     try:
@@ -155,8 +168,9 @@ def preparing(out_dir, inputs=(), overwrite=False):
 
 @contextlib.contextmanager
 def staged(target):
-    """A fresh folder beside target for a multi-file output: renamed into place when the block ends without error
-    (an old target, which output_problem let through with --overwrite, is replaced only then), removed otherwise."""
+    """A fresh folder beside target for a multi-file output: renamed into place when the block
+    ends without error (an old target, which output_problem let through with --overwrite, is
+    replaced only then), removed otherwise."""
     where = os.path.dirname(os.path.abspath(target))
     os.makedirs(where, exist_ok=True)
     staging = tempfile.mkdtemp(dir=where, prefix=f".staging_{os.path.basename(os.path.abspath(target))}_")
@@ -164,7 +178,8 @@ def staged(target):
         yield staging
         old = staging + ".old" if os.path.lexists(target) else None
         if old:
-            os.replace(target, old)  # a rename: the old export stays whole until the new one is in place
+            # a rename: the old export stays whole until the new one is in place
+            os.replace(target, old)
         os.replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -180,8 +195,8 @@ def run_folder_problem(folder):
 
 
 def writable_problem(folder, flag):
-    """Why folder (or, if it does not exist yet, the nearest folder above it that does) cannot be written, or None.
-    Nothing is created."""
+    """Why folder (or, if it does not exist yet, the nearest folder above it that does) cannot be
+    written, or None. Nothing is created."""
     probe = resolved(folder)
     while not os.path.exists(probe):
         probe = os.path.dirname(probe)
@@ -197,11 +212,13 @@ class Busy(ValueError):
 
 
 def hold(folder, shared=False, flag="--out_dir"):
-    """A lock on folder (created if missing) for as long as the returned handle stays open (at most this process's
-    life): flock on the folder itself, so no file is left behind. Exclusive (a writer), or shared (a reader: a training
-    run's data folder, which no prepare may replace meanwhile). Raises Busy naming the process that holds it. When the
-    process ends (sys.exit included) a folder it created and left empty is removed: a refused run leaves no trace."""
-    if not shared and (problem := folder_problem(folder, flag)):  # a reader may read a read-only folder
+    """A lock on folder (created if missing) for as long as the returned handle stays open (at
+    most this process's life): flock on the folder itself, so no file is left behind. Exclusive
+    (a writer), or shared (a reader: a training run's data folder, which no prepare may replace
+    meanwhile). Raises Busy naming the process that holds it. When the process ends (sys.exit
+    included) a folder it created and left empty is removed: a refused run leaves no trace."""
+    # a reader may read a read-only folder
+    if not shared and (problem := folder_problem(folder, flag)):
         raise Busy(problem)
     created = not os.path.isdir(folder)
     try:
@@ -233,8 +250,8 @@ def holding(folder):
 
 
 class Held:
-    """An open, locked folder; close() (or the process ending) releases it, and removes the folder if hold created
-    it and nothing was written there (a refused run leaves no trace)."""
+    """An open, locked folder; close() (or the process ending) releases it, and removes the
+    folder if hold created it and nothing was written there (a refused run leaves no trace)."""
     def __init__(self, fd, created=None):
         self.fd, self.created = fd, created
 
@@ -250,8 +267,9 @@ class Held:
 
 
 def lock_holder(fd):
-    """(the pid, READ or WRITE) of a flock on the file or folder open as fd, from /proc/locks ("unknown" where there
-    is none). A line reads `1: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF`."""
+    """(the pid, READ or WRITE) of a flock on the file or folder open as fd, from /proc/locks
+    ("unknown" where there is none). A line reads `1: FLOCK ADVISORY WRITE <pid>
+    <major>:<minor>:<inode> 0 EOF`."""
     inode = str(os.fstat(fd).st_ino)
     try:
         with open("/proc/locks") as f:

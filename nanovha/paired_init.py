@@ -23,7 +23,8 @@ def init_weights(model, seed):
         residual = name.endswith(("o_proj.weight", "down_proj.weight"))
         std = 0.02 / math.sqrt(2 * cfg.n_layer) if residual else 0.02
         parts = {"": p}  # block label -> the rows (or columns) it initialises
-        if name.endswith("attn.qkv_proj.weight"):  # rows [W_q; W_k; W_v]: head h of each is q.h, k.h, v.h
+        # rows [W_q; W_k; W_v]: head h of each is q.h, k.h, v.h
+        if name.endswith("attn.qkv_proj.weight"):
             parts = {f"{'qkv'[j]}.{h}": rows for j, part in enumerate(p.split(cfg.qkv_split))
                      for h, rows in enumerate(part.split(d) if part.size(0) % d == 0 else [part])}
         elif name.endswith("attn.o_proj.weight"):  # columns: head h is block "o.h"

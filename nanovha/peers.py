@@ -56,10 +56,12 @@ class Stopped(Exception):
 class PeerWatch:
     def __init__(self, rank, world_size, report):
         self.rank, self.world_size, self.report = rank, world_size, report
-        tag = f"nanovha/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}/"  # a torchrun restart starts a new roll call
+        # a torchrun restart starts a new roll call
+        tag = f"nanovha/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}/"
         connect = lambda: dist.PrefixStore(tag, dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                                               is_master=False, timeout=timedelta(seconds=10)))
-        self.store, answers = connect(), connect()  # two connections: the answering thread blocks on its own
+        # two connections: the answering thread blocks on its own
+        self.store, answers = connect(), connect()
 
         def answer_roll_call():
             try:
@@ -88,7 +90,8 @@ class PeerWatch:
             time.sleep(0.05)
         gone = [r for r, k in enumerate(keys) if not self.store.check([k])]
         ckpt_iter = int(self.store.get("ckpt_iter")) if self.store.check(["ckpt_iter"]) else None
-        return gone, ckpt_iter, self.store.add("reported", 1) == 1  # one process reports, the others stay quiet
+        # one process reports, the others stay quiet
+        return gone, ckpt_iter, self.store.add("reported", 1) == 1
 
     def on_failure(self, kind, e, tb):
         if not issubclass(kind, Exception):

@@ -42,7 +42,8 @@ from nanovha.kernels import use_decode_layout
 from nanovha.hardware import cpu_bf16_support, cpu_kind
 
 MARGIN = 0.05  # a candidate is beaten when the fastest is more than 5% faster
-BUSY_MARGIN = 0.25  # the margin when other processes were busy: only a large gap leaves the safe choice then
+# the margin when other processes were busy: only a large gap leaves the safe choice then
+BUSY_MARGIN = 0.25
 ROUNDS = 5
 MIN_S = 0.1  # seconds per candidate per round: fifty 2-ms steps, one 0.3-s training step
 BUSY_CORES = 0.25  # other processes' use of the CPU above which a plan is provisional
@@ -107,7 +108,8 @@ def others_busy(read=None):
                 cpu = [int(v) for v in f.readline().split()[1:]]
             with open("/proc/self/stat") as f:
                 mine = f.read().rsplit(")", 1)[1].split()
-            return sum(cpu), sum(cpu) - cpu[3] - cpu[4], int(mine[11]) + int(mine[12])  # all, busy, this process
+            # all, busy, this process
+            return sum(cpu), sum(cpu) - cpu[3] - cpu[4], int(mine[11]) + int(mine[12])
         except (OSError, IndexError, ValueError):
             return None
     read = read or snapshot
@@ -173,7 +175,8 @@ def describe(job, chosen, unit, available=None):
     figures = " vs ".join([fmt(job["seconds"][chosen])] + [f"{name} {fmt(s)}" for s, name in others])
     fastest, margin = min(job["seconds"], key=job["seconds"].get), margin_for(job["busy_cores"])
     tie = ("" if job["clear"] else f" (not told apart from {fastest} by the {margin:.0%} margin: the safer kept)"
-           if fastest != chosen else f" (the fastest, not told apart from every other by the {margin:.0%} margin)")
+           if fastest != chosen else f" (the fastest, not told apart from every other by the "
+                                     f"{margin:.0%} margin)")
     absent = available and job["chosen"] not in available
     missing = f"; {job['chosen']} has no package for these weights" if absent else ""
     busy = "" if job["busy_cores"] is None else f", other processes {job['busy_cores']:.2f} cores"
@@ -277,7 +280,8 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
     jobs = {} if replan else read_plan(path)
     models = {}
 
-    def prepared(d):  # the model in dtype d, in the decode layout (the layout the packages are built on)
+    # the model in dtype d, in the decode layout (the layout the packages are built on)
+    def prepared(d):
         if d not in models:
             models[d] = use_decode_layout(copy.deepcopy(model).to(getattr(torch, d)).eval())
         return models[d]

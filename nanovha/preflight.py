@@ -1,7 +1,7 @@
 """
-What train.py checks before it starts: its knobs, the out_dir, the checkpoint it resumes or starts from, the teacher,
-the tokenizers, the disk. Each problem is one line naming the knob and the fix. `c` is train.py's config dict (its
-defaults updated by config files and --key=value).
+What train.py checks before it starts: its knobs, the out_dir, the checkpoint it resumes or
+starts from, the teacher, the tokenizers, the disk. Each problem is one line naming the knob and
+the fix. `c` is train.py's config dict (its defaults updated by config files and --key=value).
 """
 import json
 import os
@@ -18,7 +18,8 @@ from nanovha.loading import load_start, start_path
 from nanovha.outputs import DATA_FILES, folder_problem, output_problem
 
 TOKENIZER_FIX = ("prepare the data with the model's tokenizer (a Hugging Face model: "
-                 "data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer=FOLDER; docs/convert.md#warm-up)")
+                 "data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer=FOLDER; "
+                 "docs/convert.md#warm-up)")
 WARMUP_KEYS = ("freeze_iters", "teacher", "distill_alpha", "distill_temperature")
 # what an exact resume keeps from its checkpoint: the warm-up and everything the batches depend on
 RESUME_KEYS = (*WARMUP_KEYS, "seed", "data_stream", "paired_init", "dataset", "data_dir", "batch_size",
@@ -26,14 +27,16 @@ RESUME_KEYS = (*WARMUP_KEYS, "seed", "data_stream", "paired_init", "dataset", "d
 
 
 def lr_schedule(c):
-    """train.py's (lr_decay_iters, min_lr), a None replaced by its default (max_iters, learning_rate / 10)."""
+    """train.py's (lr_decay_iters, min_lr), a None replaced by its default (max_iters,
+    learning_rate / 10)."""
     decay, low = c["lr_decay_iters"], c["min_lr"]
     return (c["max_iters"] if decay is None else decay), (c["learning_rate"] / 10 if low is None else low)
 
 
 def knob_problem(c, model_fields):
-    """The first bad setting among train.py's knobs, or None. model_fields: the knobs GPTConfig takes; a scratch run's
-    bad head/rank/width combination fails here, before any data is prepared."""
+    """The first bad setting among train.py's knobs, or None. model_fields: the knobs GPTConfig
+    takes; a scratch run's bad head/rank/width combination fails here, before any data is
+    prepared."""
     c = dict(c, **dict(zip(("lr_decay_iters", "min_lr"), lr_schedule(c))))
     positive = ("batch_size", "block_size", "gradient_accumulation_steps", "eval_interval", "eval_iters",
                 "log_interval", "ddp_timeout")
@@ -48,7 +51,8 @@ def knob_problem(c, model_fields):
         (f"warmup_iters={c['warmup_iters']} is past lr_decay_iters={c['lr_decay_iters']} (default: max_iters), "
          f"so the learning rate would jump from its peak to min_lr; lower --warmup_iters or raise --lr_decay_iters",
          not c["decay_lr"] or c["eval_only"] or c["warmup_iters"] <= c["lr_decay_iters"]),
-        (f"curriculum_mode must be one of {', '.join(recall_tasks.CURRICULUM_MODES)}, got {c['curriculum_mode']!r}",
+        (f"curriculum_mode must be one of {', '.join(recall_tasks.CURRICULUM_MODES)}, got "
+         f"{c['curriculum_mode']!r}",
          c["curriculum_mode"] in recall_tasks.CURRICULUM_MODES),
         (f"need 0 <= stop_at_acc <= 1 and data_stream >= 0, got {c['stop_at_acc']}, {c['data_stream']}",
          0 <= c["stop_at_acc"] <= 1 and c["data_stream"] >= 0),
@@ -75,7 +79,8 @@ def warmup_problem(c, ckpt_path):
         return f"distill_alpha={alpha} must be in [0, 1] (the weight of the teacher's KL against the hard-label loss)"
     if not c["distill_temperature"] > 0:
         return f"distill_temperature={c['distill_temperature']} must be > 0 (1: the teacher's own distribution)"
-    if init == "resume":  # the teacher and alpha come from the checkpoint (kept_on_resume refuses others)
+    # the teacher and alpha come from the checkpoint (kept_on_resume refuses others)
+    if init == "resume":
         return None
     if c["teacher"] and alpha == 0:
         return (f"teacher={c['teacher']} is given but distill_alpha=0 would never use it; "
@@ -92,14 +97,15 @@ def given(c):
 
 
 def contradictions(c, kept, keys):
-    """The knobs a config file or flag set (a None asks for the derived default) to something else than a
-    checkpoint keeps: 'k=v (checkpoint: w), ...'."""
+    """The knobs a config file or flag set (a None asks for the derived default) to something
+    else than a checkpoint keeps: 'k=v (checkpoint: w), ...'."""
     return ", ".join(f"{k}={c[k]!r} (checkpoint: {kept[k]!r})" for k in keys
                      if k in given(c) and c[k] is not None and c[k] != kept[k])
 
 
 def vocab_mismatch(meta, name, data_meta, data_dir, fix):
-    """Why a model (checkpoint or teacher) with this meta cannot read data_dir's token ids, ending in `fix`, or None."""
+    """Why a model (checkpoint or teacher) with this meta cannot read data_dir's token ids,
+    ending in `fix`, or None."""
     if not meta:
         return (f"{name} carries no tokenizer description (meta), so its token ids cannot be checked against "
                 f"{data_dir}'s; {fix}")
@@ -108,8 +114,9 @@ def vocab_mismatch(meta, name, data_meta, data_dir, fix):
 
 
 def kept_on_resume(saved, c, defaults):
-    """On resume: the settings an exact resume keeps (RESUME_KEYS) as the checkpoint's config saved them (a key it
-    lacks: the default), and the line refusing any set to something else, or None."""
+    """On resume: the settings an exact resume keeps (RESUME_KEYS) as the checkpoint's config
+    saved them (a key it lacks: the default), and the line refusing any set to something else, or
+    None."""
     kept = {k: saved.get(k, defaults[k]) for k in RESUME_KEYS}
     typed = contradictions(c, kept, RESUME_KEYS)
     return kept, typed and (f"a resumed run keeps its checkpoint's warm-up, seed and data settings (its batches "
@@ -117,8 +124,9 @@ def kept_on_resume(saved, c, defaults):
 
 
 def start_args(model_args, c):
-    """A new run from a checkpoint: its model_args with block_size and dropout as set (training knobs; block_size up
-    to the checkpoint's), and the line refusing a longer block_size, or None."""
+    """A new run from a checkpoint: its model_args with block_size and dropout as set (training
+    knobs; block_size up to the checkpoint's), and the line refusing a longer block_size, or
+    None."""
     own = {k: c[k] for k in ("block_size", "dropout") if k in given(c)}
     longest = model_args["block_size"]
     return {**model_args, **own}, own.get("block_size", 0) > longest and (
@@ -127,10 +135,11 @@ def start_args(model_args, c):
 
 
 def start_checkpoint(c, defaults, model_fields, ckpt_path):
-    """init_from "resume" or a path -> (the checkpoint, its model), after every check such a run needs: a resumable
-    checkpoint within max_iters, the settings it keeps (written into c), no model knob set against it, and for a new
-    run its model_args at this run's block_size and dropout. Raises FileNotFoundError, ImportError or ValueError,
-    one line each, before any data is prepared."""
+    """init_from "resume" or a path -> (the checkpoint, its model), after every check such a run
+    needs: a resumable checkpoint within max_iters, the settings it keeps (written into c), no
+    model knob set against it, and for a new run its model_args at this run's block_size and
+    dropout. Raises FileNotFoundError, ImportError or ValueError, one line each, before any data
+    is prepared."""
     resuming = c["init_from"] == "resume"
     what = "cannot resume" if resuming else f"cannot start from init_from={c['init_from']}"
     try:
@@ -141,9 +150,11 @@ def start_checkpoint(c, defaults, model_fields, ckpt_path):
         if problem := resume_problem(ckpt, ckpt_path):
             raise ValueError(f"cannot resume {problem}")
         if not c["eval_only"] and ckpt["iter_num"] > c["max_iters"]:
-            raise ValueError(f"the checkpoint is at iteration {ckpt['iter_num']}, past max_iters={c['max_iters']}; "
+            raise ValueError(f"the checkpoint is at iteration {ckpt['iter_num']}, past "
+                             f"max_iters={c['max_iters']}; "
                              f"raise --max_iters to train further")
-        kept, problem = kept_on_resume(ckpt.get("config", {}), c, defaults)  # batches and warm-up go on as they were
+        # batches and warm-up go on as they were
+        kept, problem = kept_on_resume(ckpt.get("config", {}), c, defaults)
         if problem:
             raise ValueError(problem)
         c.update(kept)
@@ -156,13 +167,15 @@ def start_checkpoint(c, defaults, model_fields, ckpt_path):
     except ValueError as e:
         raise ValueError(f"{what}: {ckpt_path if resuming else c['init_from']}: {e}") from None
     if typed := contradictions(c, {k: getattr(model.cfg, k) for k in model_fields}, model_fields):
-        raise ValueError(f"a {'resumed' if resuming else 'new'} run keeps its checkpoint's model, but you set {typed}; "
+        raise ValueError(f"a {'resumed' if resuming else 'new'} run keeps its checkpoint's model, "
+                         f"but you set {typed}; "
                          f"drop them" + (" or start a new --out_dir" if resuming else ""))
     return ckpt, model
 
 
 def teacher_problem(teacher, meta, name, data_meta, data_dir, seq_len, fix=TOKENIZER_FIX):
-    """Why this teacher cannot score this run's batches (another tokenizer, too short a context), or None."""
+    """Why this teacher cannot score this run's batches (another tokenizer, too short a context),
+    or None."""
     if problem := vocab_mismatch(meta, f"the teacher {name}", data_meta, data_dir, fix):
         return problem
     if teacher.cfg.block_size < seq_len:
@@ -172,20 +185,23 @@ def teacher_problem(teacher, meta, name, data_meta, data_dir, seq_len, fix=TOKEN
 
 
 def resume_problem(ckpt, path):
-    """Why train.py cannot continue this checkpoint (its optimizer state must match the model's parameters),
-    or None. The message starts with the path: "cannot resume " + it reads as one line."""
+    """Why train.py cannot continue this checkpoint (its optimizer state must match the model's
+    parameters), or None. The message starts with the path: "cannot resume " + it reads as one
+    line."""
     missing = [k for k in ("optimizer", "iter_num", "best_val_loss", "meta") if k not in ckpt]
     if missing:
         return (f"{path}: it has no {', '.join(missing)}: it is a model-only checkpoint (e.g. folded), "
-                f"not one train.py wrote; start a new run from it with --init_from={path} --out_dir=NEW_FOLDER")
+                f"not one train.py wrote; start a new run from it with --init_from={path} "
+                f"--out_dir=NEW_FOLDER")
     return None
 
 
 def vocab_problem(meta_a, name_a, meta_b, name_b):
-    """Why a model trained on meta_a's tokens cannot read meta_b's data (or be compared with a model of it), or None.
-    The same tokenizer kind and vocab_size, and the same characters (char) or task spec (rows); for Hugging Face
-    tokenizers (hf) the same tokenizer files (data.common.hf_tokenizer_sha256: two tokenizers of one size differ) and
-    meta_b's ids inside meta_a's vocab (a Qwen3 model has 151,936 rows, its tokenizer ~151,669 ids)."""
+    """Why a model trained on meta_a's tokens cannot read meta_b's data (or be compared with a
+    model of it), or None. The same tokenizer kind and vocab_size, and the same characters (char)
+    or task spec (rows); for Hugging Face tokenizers (hf) the same tokenizer files
+    (data.common.hf_tokenizer_sha256: two tokenizers of one size differ) and meta_b's ids inside
+    meta_a's vocab (a Qwen3 model has 151,936 rows, its tokenizer ~151,669 ids)."""
     if meta_a.get("tokenizer") == meta_b.get("tokenizer") == "hf":
         return hf_vocab_problem(meta_a, name_a, meta_b, name_b)
     a, b = [(m.get("tokenizer"), m["vocab_size"], m.get("stoi") or m.get("rows")) for m in (meta_a, meta_b)]
@@ -202,10 +218,12 @@ def hf_vocab_problem(meta_a, name_a, meta_b, name_b):
                                 for m in (meta_a, meta_b)]
     if sha_a is None or sha_b is None:
         return (f"vocab mismatch: {name_a if sha_a is None else name_b} carries no Hugging Face tokenizer files "
-                f"(its folder had no tokenizer.json), so its ids cannot be checked; copy the tokenizer files into the "
+                f"(its folder had no tokenizer.json), so its ids cannot be checked; copy the "
+                f"tokenizer files into the "
                 "folder and import it again")
     if sha_a != sha_b:
-        return (f"vocab mismatch: {name_a} was trained with another Hugging Face tokenizer than {name_b}'s (tokenizer "
+        return (f"vocab mismatch: {name_a} was trained with another Hugging Face tokenizer than "
+                f"{name_b}'s (tokenizer "
                 f"sha256 {sha_a[:12]} vs {sha_b[:12]}, {va} vs {vb} tokens)")
     if vb > va:
         return f"vocab mismatch: {name_b} has ids up to {vb - 1}, past the {va} rows of {name_a}"
@@ -213,9 +231,9 @@ def hf_vocab_problem(meta_a, name_a, meta_b, name_b):
 
 
 def outputs_problem(c, ckpt_path, log_path):
-    """Before out_dir is made or locked (nanovha/outputs.py): out_dir a writable folder (not a file, not a dangling
-    link), and ckpt.pt and log.jsonl over nothing this run reads (the start checkpoint, the teacher, the data) and in
-    no other run's folder. One line, or None."""
+    """Before out_dir is made or locked (nanovha/outputs.py): out_dir a writable folder (not a
+    file, not a dangling link), and ckpt.pt and log.jsonl over nothing this run reads (the start
+    checkpoint, the teacher, the data) and in no other run's folder. One line, or None."""
     data_dir = c["data_dir"] or os.path.join(DATA_ROOT, c["dataset"])
     reads = {"--init_from": c["init_from"] not in ("scratch", "resume") and start_path(c["init_from"]),
              "--teacher": c["teacher"] and start_path(c["teacher"]),
@@ -225,9 +243,10 @@ def outputs_problem(c, ckpt_path, log_path):
 
 
 def prepare_out_dir(out_dir, ckpt_path, log_path, resuming):
-    """Before any data or training: out_dir exists and is writable, the temp file of a checkpoint write that a crash
-    cut short is gone, and a new run will not overwrite another run's checkpoint (a log with no checkpoint beside it,
-    from a run that never saved, is kept aside by start_log). Raises ValueError."""
+    """Before any data or training: out_dir exists and is writable, the temp file of a checkpoint
+    write that a crash cut short is gone, and a new run will not overwrite another run's
+    checkpoint (a log with no checkpoint beside it, from a run that never saved, is kept aside by
+    start_log). Raises ValueError."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         with tempfile.TemporaryFile(dir=out_dir):
@@ -242,14 +261,17 @@ def prepare_out_dir(out_dir, ckpt_path, log_path, resuming):
             os.remove(os.path.join(out_dir, name))
     theirs = [p for p in (ckpt_path, log_path) if os.path.exists(p)]
     if not resuming and os.path.exists(ckpt_path):
-        raise ValueError(f"{' and '.join(theirs)} exist(s): another run's, which init_from={'scratch'!r} would "
-                         f"overwrite; continue it with --init_from=resume, or choose a new --out_dir (or delete it)")
+        raise ValueError(f"{' and '.join(theirs)} exist(s): another run's, which "
+                         f"init_from={'scratch'!r} would "
+                         f"overwrite; continue it with --init_from=resume, or choose a new "
+                         f"--out_dir (or delete it)")
 
 
 def cut_log(log_path, iter_num):
-    """On resume: drop the log rows of iterations from iter_num on (they will be redone). A row it cannot read (bad
-    bytes, not JSON, no numeric "iter": an edit, or a last line a crash cut short) is moved to log_path + ".unreadable"
-    and named in the note it returns (else None). The log is replaced in one step, so a crash now cannot lose it."""
+    """On resume: drop the log rows of iterations from iter_num on (they will be redone). A row
+    it cannot read (bad bytes, not JSON, no numeric "iter": an edit, or a last line a crash cut
+    short) is moved to log_path + ".unreadable" and named in the note it returns (else None). The
+    log is replaced in one step, so a crash now cannot lose it."""
     if not os.path.exists(log_path):
         return None
     rows, bad = [], []
@@ -258,7 +280,8 @@ def cut_log(log_path, iter_num):
             try:
                 if json.loads(line)["iter"] < iter_num:
                     rows.append(line.rstrip(b"\n") + b"\n")
-            except (ValueError, KeyError, TypeError, IndexError):  # UnicodeDecodeError is a ValueError
+            # UnicodeDecodeError is a ValueError
+            except (ValueError, KeyError, TypeError, IndexError):
                 if line.strip():
                     bad.append((number, line.rstrip(b"\n") + b"\n"))
     if bad:
@@ -267,13 +290,15 @@ def cut_log(log_path, iter_num):
     with open(log_path + ".tmp", "wb") as f:
         f.writelines(rows)
     os.replace(log_path + ".tmp", log_path)
-    return bad and (f"note: {log_path}: line(s) {', '.join(str(n) for n, _ in bad)} are not log rows (bad bytes, not "
+    return bad and (f"note: {log_path}: line(s) {', '.join(str(n) for n, _ in bad)} are not log "
+                    f"rows (bad bytes, not "
                     f"JSON, or no iteration); moved to {log_path}.unreadable")
 
 
 def start_log(log_path):
-    """A new run's empty log. A log already there is from a run that saved no checkpoint (prepare_out_dir refused
-    any other): it is kept as log_path.old (.old1, ...), and the note saying so returned (else None)."""
+    """A new run's empty log. A log already there is from a run that saved no checkpoint
+    (prepare_out_dir refused any other): it is kept as log_path.old (.old1, ...), and the note
+    saying so returned (else None)."""
     kept = None
     if os.path.exists(log_path):
         kept = next(p for i in range(10**6) if not os.path.exists(p := log_path + ".old" + (str(i) if i else "")))
@@ -283,10 +308,11 @@ def start_log(log_path):
 
 
 def disk_problem(out_dir, n_params):
-    """Why out_dir cannot hold this model's checkpoints (weights + two AdamW moments in fp32, twice while a new
-    checkpoint replaces the old one), or None."""
+    """Why out_dir cannot hold this model's checkpoints (weights + two AdamW moments in fp32,
+    twice while a new checkpoint replaces the old one), or None."""
     need_bytes, free = n_params * 4 * 3 * 2, shutil.disk_usage(out_dir).free
     if free < need_bytes:
-        return (f"{out_dir} has {free / 1e6:,.0f} MB free but checkpoints of this {n_params / 1e6:,.1f}M-parameter "
+        return (f"{out_dir} has {free / 1e6:,.0f} MB free but checkpoints of this "
+                f"{n_params / 1e6:,.1f}M-parameter "
                 f"model need about {need_bytes / 1e6:,.0f} MB; free some space or choose another --out_dir")
     return None

@@ -1,13 +1,15 @@
 """
-Our model as a Hugging Face Qwen3ForCausalLM, both ways, and the outputs any Qwen3 runtime must reproduce:
+Our model as a Hugging Face Qwen3ForCausalLM, both ways, and the outputs any Qwen3 runtime must
+reproduce:
 
     model, meta = model_from_hf(folder)       # a Qwen3 folder (config.json + safetensors) -> GPT, tokenizer meta
     write_hf(model, folder, meta, source)     # a plain GQA model (folded VHA) -> a folder transformers and lm-eval load
     hf_compare(folder, model, meta, ...)      # transformers running that folder against our logits and greedy text
 
-Qwen3's layout: q/k/v and gate/up as separate matrices (fuse_projections / split_projections convert ours), RMSNorm,
-QK-norm, rotate-half RoPE, SwiGLU; our padded vocab rows stay behind (pad_vocab adds them on import). The
-tokenizer travels with the weights, built offline from the meta.
+Qwen3's layout: q/k/v and gate/up as separate matrices (fuse_projections / split_projections
+convert ours), RMSNorm, QK-norm, rotate-half RoPE, SwiGLU; our padded vocab rows stay behind
+(pad_vocab adds them on import). The tokenizer travels with the weights, built offline from the
+meta.
 """
 import json
 import os
@@ -27,8 +29,8 @@ UNFUSED_Q = UNFUSED_PROJECTIONS["attn.qkv_proj.weight"][0]
 
 
 def fuse_projections(state):
-    """A state dict with separate q/k/v and gate/up projections -> the same weights under the fused names
-    (rows concatenated in the fused order). Other entries pass through."""
+    """A state dict with separate q/k/v and gate/up projections -> the same weights under the
+    fused names (rows concatenated in the fused order). Other entries pass through."""
     state = dict(state)
     for key in [k for k in state if k.endswith(UNFUSED_Q)]:
         layer = key[: -len(UNFUSED_Q)]  # 'blocks.3.'
@@ -39,8 +41,8 @@ def fuse_projections(state):
 
 
 def split_projections(state, cfg):
-    """The inverse of fuse_projections: fused q/k/v and gate/up rows back under the separate names (the
-    layout Hugging Face's Qwen3 uses)."""
+    """The inverse of fuse_projections: fused q/k/v and gate/up rows back under the separate
+    names (the layout Hugging Face's Qwen3 uses)."""
     state = dict(state)
     rows = {"attn.qkv_proj.weight": cfg.qkv_split, "mlp.gate_up_proj.weight": [cfg.mlp_hidden, cfg.mlp_hidden]}
     for key in [k for k in state if k.endswith(tuple(rows))]:
@@ -55,8 +57,9 @@ VOCAB_ROWS = ("embed.weight", "lm_head.weight")  # the weights with one row per 
 
 
 def pad_vocab(state, cfg):
-    """embed/lm_head with cfg.vocab_size rows (Qwen3's) -> cfg.padded_vocab rows, the new ones zero: exact, since a
-    padded row is never looked up and its logit is sliced off. Other entries pass through."""
+    """embed/lm_head with cfg.vocab_size rows (Qwen3's) -> cfg.padded_vocab rows, the new ones
+    zero: exact, since a padded row is never looked up and its logit is sliced off. Other entries
+    pass through."""
     state = dict(state)
     for key in VOCAB_ROWS:
         if key in state and state[key].size(0) == cfg.vocab_size < cfg.padded_vocab:
@@ -77,7 +80,8 @@ OUR_TOP, OUR_LAYER = ({v: k for k, v in names.items()} for names in (HF_TOP, HF_
 
 def renamed(name, top, layer_modules, layer_prefix):
     """One of our parameter names in another format's scheme: 'blocks.3.attn.q_proj.weight' ->
-    f'{layer_prefix}.3.{layer_modules["attn.q_proj"]}.weight'; names outside the blocks through `top`."""
+    f'{layer_prefix}.3.{layer_modules["attn.q_proj"]}.weight'; names outside the blocks through
+    `top`."""
     if not name.startswith("blocks."):
         return top[name]
     _, layer, rest = name.split(".", 2)
@@ -99,7 +103,8 @@ QWEN3_DEFAULTS = dict(model_type="qwen3", vocab_size=151936, hidden_size=4096, i
 
 
 def our_name(hf_name):
-    """'model.layers.3.self_attn.q_proj.weight' -> 'blocks.3.attn.q_proj.weight' (None: not a Qwen3 weight)."""
+    """'model.layers.3.self_attn.q_proj.weight' -> 'blocks.3.attn.q_proj.weight' (None: not a
+    Qwen3 weight)."""
     if not hf_name.startswith("model.layers."):
         return OUR_TOP.get(hf_name)
     layer, rest = hf_name[len("model.layers."):].split(".", 1)
@@ -108,14 +113,17 @@ def our_name(hf_name):
 
 
 def qwen3_model_args(hf):
-    """A Qwen3ForCausalLM config.json (dict) -> GPTConfig kwargs. Every field that changes the math maps to one of
-    ours or raises ValueError naming it; the rest (dtype, use_cache, token ids, initializer_range) do not."""
+    """A Qwen3ForCausalLM config.json (dict) -> GPTConfig kwargs. Every field that changes the
+    math maps to one of ours or raises ValueError naming it; the rest (dtype, use_cache, token
+    ids, initializer_range) do not."""
     c = {**QWEN3_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
-    rope, scaling = c.get("rope_parameters") or {}, c.get("rope_scaling") or {}  # 5.x name, 4.x name
+    # 5.x name, 4.x name
+    rope, scaling = c.get("rope_parameters") or {}, c.get("rope_scaling") or {}
     if not (isinstance(rope, dict) and isinstance(scaling, dict)):
         raise ValueError("config.json rope_parameters and rope_scaling must be objects (or null)")
     rope_types = {f"{name}.{key}": d[key] for name, d in (("rope_parameters", rope), ("rope_scaling", scaling))
-                  for key in ("rope_type", "type") if d.get(key) not in (None, "default")}  # every field, not the first
+                  # every field, not the first
+                  for key in ("rope_type", "type") if d.get(key) not in (None, "default")}
     rope_type = next(iter(rope_types.values()), "default")
     n_layer = c["num_hidden_layers"]
     windowed = c["use_sliding_window"] and c["sliding_window"] is not None  # Qwen3Config.__post_init__'s rule
@@ -124,7 +132,8 @@ def qwen3_model_args(hf):
     refused = [  # (field, ok, why): each a one-line error naming the field and what to do
         ("model_type", c["model_type"] == "qwen3",
          f"is {c['model_type']!r}: only Qwen3ForCausalLM folders import (model_type 'qwen3')"),
-        ("attention_bias", not c["attention_bias"], "=True: q/k/v/o have biases, this repo's projections have none"),
+        ("attention_bias", not c["attention_bias"], "=True: q/k/v/o have biases, this repo's "
+                                                    "projections have none"),
         ("hidden_act", c["hidden_act"] == "silu", f"={c['hidden_act']!r}: the MLP here is SwiGLU with silu only"),
         (next(iter(rope_types), "rope_scaling"), rope_type == "default",
          f"is {rope_type!r}: only plain RoPE is implemented here; drop the scaling "
@@ -150,7 +159,8 @@ def qwen3_model_args(hf):
 
 
 def read_safetensors(folder):
-    """Every tensor of a folder's model.safetensors, or of the shards its model.safetensors.index.json lists."""
+    """Every tensor of a folder's model.safetensors, or of the shards its
+    model.safetensors.index.json lists."""
     try:
         from safetensors.torch import load_file
     except ImportError:
@@ -171,17 +181,20 @@ def read_safetensors(folder):
         try:
             state.update(load_file(os.path.join(folder, n)))
         except Exception as e:  # safetensors' own error type (a truncated or foreign file) has no stable import path
-            raise ValueError(f"{os.path.join(folder, n)} cannot be read as safetensors ({type(e).__name__}: "
+            raise ValueError(f"{os.path.join(folder, n)} cannot be read as safetensors "
+                             f"({type(e).__name__}: "
                              f"{(str(e).splitlines() or [''])[0][:120]}); copy the file again (truncated?)") from None
     return state
 
 
 def model_from_hf(folder, device="cpu"):
-    """A Hugging Face Qwen3ForCausalLM folder (config.json + safetensors) -> (GPT in float32, meta). meta carries the
-    folder's tokenizer files (bytes) so that a checkpoint built from it can still encode and decode text."""
+    """A Hugging Face Qwen3ForCausalLM folder (config.json + safetensors) -> (GPT in float32,
+    meta). meta carries the folder's tokenizer files (bytes) so that a checkpoint built from it
+    can still encode and decode text."""
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} not found: give a Hugging Face model folder (config.json + model.safetensors)")
+        raise FileNotFoundError(f"{path} not found: give a Hugging Face model folder (config.json "
+                                f"+ model.safetensors)")
     try:
         with open(path) as f:
             hf = json.load(f)
@@ -200,7 +213,8 @@ def model_from_hf(folder, device="cpu"):
             raise ValueError(f"{folder}: weight {hf_key!r} is not part of a Qwen3ForCausalLM this repo can build "
                              f"(a bias, an adapter, a vision tower?); merge or drop it first")
         state[key] = t.float()  # bf16 checkpoints become float32: exact
-    if cfg.tie_embeddings:  # tied: the export may omit lm_head, or hold a copy; the embedding is the one weight
+    # tied: the export may omit lm_head, or hold a copy; the embedding is the one weight
+    if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
     # q/k/v and gate/up rows stacked; vocab rows padded to a multiple of 64
     try:
@@ -211,9 +225,11 @@ def model_from_hf(folder, device="cpu"):
     except (RuntimeError, ValueError) as e:
         raise ValueError(f"{folder}: the weights do not fit config.json "
                          f"({str(e).strip().splitlines()[0][:200]})") from None
-    files = hf_tokenizer_files(folder)  # the same files data/*/prepare.py --tokenizer=hf reads: the same fingerprint
-    # vocab_size: the model's rows (config.json; Qwen3: 151,936), which may exceed the tokenizer's ids (~151,669): data
-    # prepared with this tokenizer has the smaller vocab_size, and vocab_problem takes it as long as the files match
+    # the same files data/*/prepare.py --tokenizer=hf reads: the same fingerprint
+    files = hf_tokenizer_files(folder)
+    # vocab_size: the model's rows (config.json; Qwen3: 151,936), which may exceed the tokenizer's
+    # ids (~151,669): data prepared with this tokenizer has the smaller vocab_size, and
+    # vocab_problem takes it as long as the files match
     meta = {"tokenizer": "hf", "vocab_size": cfg.vocab_size, "hf_tokenizer_files": files or None,
             "hf_tokenizer_sha256": hf_tokenizer_sha256(files),
             "source": f"Hugging Face folder {os.path.abspath(folder)}"}
@@ -230,14 +246,16 @@ def qwen3_problem(cfg, flag):
         return (f"{flag}: this model is unfolded VHA (premix/postmix are not Qwen3 weights): fold it first "
                 "(fold.py does)")
     if not cfg.qk_norm:
-        return (f"{flag}: Qwen3 always applies QK-norm (q_norm/k_norm), but this model was trained with qk_norm=False: "
+        return (f"{flag}: Qwen3 always applies QK-norm (q_norm/k_norm), but this model was trained "
+                f"with qk_norm=False: "
                 f"its Qwen3 export would compute something else; export only works for qk_norm=True models")
     return None
 
 
 def qwen3_state(model):
-    """Our state dict in Qwen3's layout: q/k/v and gate/up split apart, embed/lm_head cut to the vocab's rows,
-    float32 on the CPU. A tied lm_head is dropped (both formats re-tie it to the embedding)."""
+    """Our state dict in Qwen3's layout: q/k/v and gate/up split apart, embed/lm_head cut to the
+    vocab's rows, float32 on the CPU. A tied lm_head is dropped (both formats re-tie it to the
+    embedding)."""
     c = model.cfg
     state = split_projections(model.state_dict(), c)
     for name in VOCAB_ROWS:  # padded rows are never looked up and their logits are sliced off
@@ -264,11 +282,12 @@ def hf_export_problem(cfg):
 
 
 def text_marks(meta):
-    """(bos, eos): the token ids that begin and end a text in the dataset's tokenizer (None: it has none), both from
-    its own vocabulary. Char-level: a newline begins a text (prepare joins the files with a blank line) and nothing
+    """(bos, eos): the token ids that begin and end a text in the dataset's tokenizer (None: it
+    has none), both from its own vocabulary. Char-level: a newline begins a text (prepare joins
+    the files with a blank line) and nothing
     ends one. Otherwise the dataset's end-of-text token (GPT-2's <|endoftext|>), if it has one, for both: FineWeb's
-    prepare puts it after every document, and GPT-2 and lm-eval use it as the prefix. lm-eval scores an empty context
-    after the bos (its prefix token) and cannot run without one."""
+    prepare puts it after every document, and GPT-2 and lm-eval use it as the prefix. lm-eval
+    scores an empty context after the bos (its prefix token) and cannot run without one."""
     if tokenizer_kind(meta) == "char":
         return meta["stoi"].get("\n"), None
     eot = (meta or {}).get("eot_token")
@@ -276,16 +295,19 @@ def text_marks(meta):
 
 
 def hf_tokenizer(meta):
-    """The dataset's tokenizer as a Hugging Face fast tokenizer, built offline from what meta.pkl pins, or
-    (None, why not). Char-level: one WordLevel token per character (a split on every character, decoded by
-    joining), a newline named as bos. GPT-2 BPE: the tiktoken ranks this repo tokenized with, converted to byte-level
-    BPE merges, <|endoftext|> as bos and eos. Neither adds tokens, and encoding never inserts the bos."""
+    """The dataset's tokenizer as a Hugging Face fast tokenizer, built offline from what meta.pkl
+    pins, or (None, why not). Char-level: one WordLevel token per character (a split on every
+    character, decoded by joining), a newline named as bos. GPT-2 BPE: the tiktoken ranks this
+    repo tokenized with, converted to byte-level
+    BPE merges, <|endoftext|> as bos and eos. Neither adds tokens, and encoding never inserts the bos.
+    """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     kind = tokenizer_kind(meta)
     if kind == "char":
         tok = Tokenizer(models.WordLevel(vocab=dict(meta["stoi"]), unk_token=None))
-        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character alone
+        # every character alone
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tok.decoder = decoders.Fuse()  # ids -> characters, joined with nothing between them
         has_bos = text_marks(meta)[0] is not None
         return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="\n" if has_bos else None), None
@@ -324,7 +346,8 @@ def hf_config(c):
 
 
 def model_card(model, folder, meta, source, n_params, note):
-    """README.md of the folder: what the model is, how it was folded, its KV bytes, how to load it."""
+    """README.md of the folder: what the model is, how it was folded, its KV bytes, how to load
+    it."""
     c, kv = model.cfg, kv_bytes_per_token(model.cfg, torch.bfloat16)
     return (f"# {os.path.basename(os.path.abspath(folder))}\n\nA {c.n_layer}-layer Qwen3-style model "
             f"({n_params:,} parameters) written by nanoVHA's fold.py from `{source['ckpt']}`"
@@ -349,16 +372,17 @@ def model_card(model, folder, meta, source, n_params, note):
 
 
 def write_hf(model, folder, meta, source, shown=None):
-    """A folder that loads wherever a Qwen3 checkpoint does: config.json, model.safetensors (float32),
-    generation_config.json, the tokenizer files and a model card (naming the folder as `shown`, default folder: where
-    a staging folder will be renamed to). Each file goes to a temp file, then is renamed.
-    Returns the names written and a note (why no tokenizer), or None."""
+    """A folder that loads wherever a Qwen3 checkpoint does: config.json, model.safetensors
+    (float32), generation_config.json, the tokenizer files and a model card (naming the folder as
+    `shown`, default folder: where a staging folder will be renamed to). Each file goes to a temp
+    file, then is renamed. Returns the names written and a note (why no tokenizer), or None."""
     from safetensors.torch import save_file
     c = model.cfg
     tensors = {hf_name(n): p for n, p in qwen3_state(model).items()}
     tokenizer, note = hf_tokenizer(meta)
-    # what generate() needs from the folder: where a text begins (generate() with no prompt) and ends (it stops there);
-    # no max_length: transformers' own default (or max_new_tokens) decides, not the training context
+    # what generate() needs from the folder: where a text begins (generate() with no prompt) and
+    # ends (it stops there); no max_length: transformers' own default (or max_new_tokens) decides,
+    # not the training context
     generation = {name: i for name, i in zip(("bos_token_id", "eos_token_id"), text_marks(meta)) if i is not None}
     card = model_card(model, shown or folder, meta, source, sum(t.numel() for t in tensors.values()), note)
     os.makedirs(folder, exist_ok=True)
@@ -391,9 +415,10 @@ def write_hf(model, folder, meta, source, shown=None):
 
 @torch.no_grad()
 def reference(model, tokens, gen_tokens):
-    """What another runtime running our export must reproduce, from tokens (a list, from position 0): our logits on
-    them (T, vocab: padded rows dropped, float64, on the CPU) and our gen_tokens greedy ids after their first 16 (the
-    KV-cache path sample.py runs). -> (logits, prompt, greedy ids)."""
+    """What another runtime running our export must reproduce, from tokens (a list, from position
+    0): our logits on them (T, vocab: padded rows dropped, float64, on the CPU) and our
+    gen_tokens greedy ids after their first 16 (the KV-cache path sample.py runs). -> (logits,
+    prompt, greedy ids)."""
     dev, prompt = model.embed.weight.device, tokens[:16]
     logits = model(torch.tensor([tokens], device=dev))[0][0, :, :model.cfg.vocab_size].double().cpu()  # (T, vocab)
     greedy = generate(model, torch.tensor([prompt], device=dev), gen_tokens, temperature=0)[0, len(prompt):].tolist()
@@ -407,23 +432,26 @@ def first_mismatch(ours, theirs):
 
 @torch.no_grad()
 def hf_compare(folder, model, meta, tokens, gen_tokens):
-    """transformers (on the CPU) running the exported folder against model (ours: the checkpoint as trained) on
+    """transformers (on the CPU) running the exported folder against model (ours: the checkpoint
+    as trained) on
     `reference`'s logits and greedy ids. -> (max |logit difference|, largest |logit|, None if the gen_tokens greedy
-    tokens are identical else the index of the first that differs, whether the two greedy texts are equal:
-    transformers' tokenizer decoding its ids vs ours decoding ours, as sample.py does; None where the folder has no
-    tokenizer)."""
+    tokens are identical else the index of the first that differs, whether the two greedy texts
+    are equal: transformers' tokenizer decoding its ids vs ours decoding ours, as sample.py does;
+    None where the folder has no tokenizer)."""
     import transformers
     transformers.logging.set_verbosity_error()  # no progress bar, no notes
     transformers.logging.disable_progress_bar()
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ours, prompt, our_ids = reference(model, tokens, gen_tokens)
-    theirs = hf(torch.tensor([tokens])).logits[0].double()  # (T, vocab): the export has no padded rows
+    # (T, vocab): the export has no padded rows
+    theirs = hf(torch.tensor([tokens])).logits[0].double()
     hf_ids = hf.generate(torch.tensor([prompt]), max_new_tokens=gen_tokens, min_new_tokens=gen_tokens,
                          do_sample=False)[0, len(prompt):].tolist()
     diverged = first_mismatch(our_ids, hf_ids)
     same_text = None
     if os.path.exists(os.path.join(folder, "tokenizer.json")):
-        tok = transformers.AutoTokenizer.from_pretrained(folder)  # ids that differ may be padding rows: not decoded
+        # ids that differ may be padding rows: not decoded
+        tok = transformers.AutoTokenizer.from_pretrained(folder)
         same_text = diverged is None and tok.decode(prompt + hf_ids) == load_tokenizer(meta)[1](prompt + our_ids)
     return (ours - theirs).abs().max().item(), ours.abs().max().item(), diverged, same_text
 

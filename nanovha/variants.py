@@ -1,12 +1,14 @@
 """
-The attention variants the comparisons name, in one table: name -> a one-line description and its GPTConfig
-overrides. Every command that names a variant reads it: sweep.py and bench_decode.py build their models from it,
-ablate.py's variants are its names (each written out as config/ablations/<name>.py with the arithmetic, which
-tests/test_configs.py checks against this table), and tests/test_docs.py checks that no other name is used.
+The attention variants the comparisons name, in one table: name -> a one-line description and its
+GPTConfig overrides. Every command that names a variant reads it: sweep.py and bench_decode.py
+build their models from it, ablate.py's variants are its names (each written out as
+config/ablations/<name>.py with the arithmetic, which tests/test_configs.py checks against this
+table), and tests/test_docs.py checks that no other name is used.
 
-The overrides are for H query heads of dim d in a model of width D, whose small cache is kv KV heads (VHA's: 2 in
-every preset, so vha and its ablations cache what gqa2 does). mla and mfa get that cache too: 2 * kv * d values per
-layer and token. A name carries its number where it has one: gqa2 has 2 KV heads whatever kv is.
+The overrides are for H query heads of dim d in a model of width D, whose small cache is kv KV
+heads (VHA's: 2 in every preset, so vha and its ablations cache what gqa2 does). mla and mfa get
+that cache too: 2 * kv * d values per layer and token. A name carries its number where it has
+one: gqa2 has 2 KV heads whatever kv is.
 """
 import re
 from collections import namedtuple
@@ -20,7 +22,8 @@ VARIANTS = {
     "gqa4": Variant("GQA with 4 KV heads", lambda H, d, D, kv: dict(attn="gqa", n_kv_head=4)),
     "gqa2": Variant("GQA with 2 KV heads, trained directly: the model a folded VHA deploys as",
                     lambda H, d, D, kv: dict(attn="gqa", n_kv_head=2)),
-    "gqa2_half_q": Variant("GQA with VHA's physical query projections (H/2 heads) attending directly, 2 KV heads",
+    "gqa2_half_q": Variant("GQA with VHA's physical query projections (H/2 heads) attending "
+                           "directly, 2 KV heads",
                            lambda H, d, D, kv: dict(attn="gqa", n_head=H // 2, n_kv_head=2)),
     "mqa": Variant("MQA: one KV head", lambda H, d, D, kv: dict(attn="gqa", n_kv_head=1)),
     "vha": Variant("VHA: H/2 physical -> H virtual query heads (premix), a linear postmix, kv KV heads",
@@ -43,7 +46,8 @@ VARIANTS = {
     "mfa": Variant("MFA (StepFun's multi-matrix factorization attention) at VHA's cache: one wide KV head",
                    lambda H, d, D, kv: dict(attn="mfa", n_kv_head=1, head_dim=kv * d, q_rank=D // 2)),
 }
-GQA_N = re.compile(r"gqa([1-9][0-9]*)")  # gqaN: N KV heads, for any N (the table lists the ones compared)
+# gqaN: N KV heads, for any N (the table lists the ones compared)
+GQA_N = re.compile(r"gqa([1-9][0-9]*)")
 RENAMED = {"gqa_same_deploy": "gqa2", "gqa_4x_cache": "gqa8", "gqa_half_q": "gqa2_half_q"}  # ablate.py's old names
 
 
@@ -52,14 +56,16 @@ def is_variant(name):
 
 
 def unknown_variant(name, known=VARIANTS):
-    """The one-line problem of a variant name that is not in `known` (a command's subset of the table)."""
+    """The one-line problem of a variant name that is not in `known` (a command's subset of the
+    table)."""
     hint = f" ({name} is now {RENAMED[name]})" if name in RENAMED else ""
     return f"unknown variant {name!r}{hint}; choose from {', '.join(known)}"
 
 
 def overrides(name, n_head, head_dim, n_embd, kv_head=2):
-    """The GPTConfig fields of variant `name` (or gqaN) for n_head query heads of dim head_dim, width n_embd, and
-    kv_head KV heads for VHA's cache. Raises ValueError for a name the table does not know."""
+    """The GPTConfig fields of variant `name` (or gqaN) for n_head query heads of dim head_dim,
+    width n_embd, and kv_head KV heads for VHA's cache. Raises ValueError for a name the table
+    does not know."""
     if name in VARIANTS:
         return VARIANTS[name].overrides(n_head, head_dim, n_embd, kv_head)
     if match := GQA_N.fullmatch(name):

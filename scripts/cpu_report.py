@@ -1,17 +1,21 @@
 """
-One row of the table of CPU kinds (docs/benchmarks.md, README), measured on the machine at hand with the commands a
-user runs. Run it with nothing else on the machine; it prints what it runs, every figure, the row, and a JSON line.
+One row of the table of CPU kinds (docs/benchmarks.md, README), measured on the machine at hand
+with the commands a user runs. Run it with nothing else on the machine; it prints what it runs,
+every figure, the row, and a JSON line.
 
     python scripts/cpu_report.py                         # minutes, most of them package builds (docs: how long)
     python scripts/cpu_report.py --busy_fold=True        # fold.py beside a CPU-bound process: the plan must hold
 
-1. Training: train.py on the demo config for train_iters iterations in a fresh cache: the dtype its plan picks, with
+1. Training: train.py on the demo config for train_iters iterations in a fresh cache: the dtype
+its plan picks, with
    both step times, and the run's ms/iteration. (Speed does not depend on how long a model trained.)
-2. fold -> sample: fold.py on that checkpoint (it builds the packages and times the plan), then sample.py under
+2. fold -> sample: fold.py on that checkpoint (it builds the packages and times the plan), then
+sample.py under
    default flags on ckpt_folded.pt and on ckpt.pt (greedy, gen_tokens): tok/s and whether the texts are equal; then
    every candidate forced (--dtype x --compile), and the default over the fastest of them (the default and the
    candidates run `rounds` times in turn, each keeping its best: one slow run is the VM, not the choice).
-3. Decode against llama.cpp: bench_decode.py on the folded VHA model at 1K, 4K and 16K in the planned dtype:
+3. Decode against llama.cpp: bench_decode.py on the folded VHA model at 1K, 4K and 16K in the
+planned dtype:
    ours / llama.cpp per context, the fixed cost per token of each, and the share of copy bandwidth at 16K.
 """
 import json
@@ -30,7 +34,8 @@ from nanovha.hardware import cpu_bf16_support, cpu_kind  # noqa: E402
 train_iters = 100
 gen_tokens = 500
 samples = 5  # sample.py --num_samples: tok/s is the median of these
-rounds = 2  # the default and every forced candidate run this many times, alternating; each keeps its best
+# the default and every forced candidate run this many times, alternating; each keeps its best
+rounds = 2
 contexts = "1024,4096,16384"
 busy_fold = False  # run fold.py beside a CPU-bound process (a busy loop on one core)
 bench = True  # part 3 (bench_decode.py against llama.cpp); False: parts 1 and 2 only
@@ -41,7 +46,8 @@ globals().update(config)
 
 
 def command(*args, env=None):
-    """Runs a repo command like a user would; -> its stdout + stderr (exits on failure, printing them)."""
+    """Runs a repo command like a user would; -> its stdout + stderr (exits on failure, printing
+    them)."""
     print("+ python " + " ".join(args), flush=True)
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -74,7 +80,8 @@ def train_and_fold(env, out_dir):
     out, _ = command("train.py", "config/vha_small.py", f"--out_dir={out_dir}", f"--max_iters={train_iters}",
                      f"--eval_interval={train_iters}", "--eval_iters=5", env=env)
     plan = next(line for line in out.splitlines() if line.startswith("dtype "))
-    ms = [float(x) for x in re.findall(r"iter \d+: .*, (\d+) ms/iter", out)][1:]  # the first includes warm-up
+    # the first includes warm-up
+    ms = [float(x) for x in re.findall(r"iter \d+: .*, (\d+) ms/iter", out)][1:]
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy_fold else None
     try:
         fold_out, _ = command("fold.py", f"--out_dir={out_dir}", env=env)
@@ -85,8 +92,9 @@ def train_and_fold(env, out_dir):
 
 
 def fold_to_sample(env, out_dir):
-    """sample.py under default flags on both checkpoints, and every forced candidate on the folded one; the
-    default and the candidates run `rounds` times in turn, each keeping its best tok/s (noise only slows a run)."""
+    """sample.py under default flags on both checkpoints, and every forced candidate on the
+    folded one; the default and the candidates run `rounds` times in turn, each keeping its best
+    tok/s (noise only slows a run)."""
     dtypes = ["float32", "bfloat16"] if cpu_bf16_support()[0] else ["float32"]
     flags = {f"{'compiled' if c == 'True' else 'eager'} {d}": (f"--dtype={d}", f"--compile={c}")
              for d in dtypes for c in ("True", "False")}
@@ -116,7 +124,8 @@ def decode_vs_llama(env):
 
 def main():
     folder = work_dir or tempfile.mkdtemp(prefix="cpu_report_")
-    env = dict(os.environ, NANOVHA_CACHE=os.path.join(folder, "cache"))  # a fresh cache: every plan measured here
+    # a fresh cache: every plan measured here
+    env = dict(os.environ, NANOVHA_CACHE=os.path.join(folder, "cache"))
     out_dir = os.path.join(folder, "demo")
     kind = f"{lscpu_model()} [{cpu_kind()}]"
     print(f"cpu: {kind}; runs and cache in {folder}")
@@ -137,10 +146,13 @@ def main():
           + f"; default / fastest ({fastest}) {tps_f / forced[fastest]:.2f}x")
     ratios = ", ".join(f"{float(c) / 1024:.0f}K {x:.2f}x" for c, x in decode["ratios"].items())
     fixed = ", ".join(f"{k} {v:.2f} ms" for k, v in decode["fixed_ms"].items())
-    print(f"bench_decode ({decode['dtype']}, {decode['runtime']}): ours / llama.cpp {ratios or 'not timed'}; "
+    print(f"bench_decode ({decode['dtype']}, {decode['runtime']}): ours / llama.cpp "
+          f"{ratios or 'not timed'}; "
           f"fixed cost per token {fixed}; folded VHA {decode['bw_frac_top']:.0%} of copy bandwidth at {decode['top']}")
-    print(f"\n| {kind} | {train_plan.split()[1].rstrip(':')} ({ms_iter:.0f} ms/iter) | {tps_f:,.0f} tok/s, "
-          f"{tps_f / forced[fastest]:.2f}x the fastest ({fastest}) | {'equal' if text_f == text_t else 'DIFFERENT'} | "
+    print(f"\n| {kind} | {train_plan.split()[1].rstrip(':')} ({ms_iter:.0f} ms/iter) | "
+          f"{tps_f:,.0f} tok/s, "
+          f"{tps_f / forced[fastest]:.2f}x the fastest ({fastest}) | "
+          f"{'equal' if text_f == text_t else 'DIFFERENT'} | "
           f"{ratios} |")
     print(json.dumps(report))
 

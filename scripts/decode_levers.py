@@ -1,9 +1,10 @@
 """
-The decode levers one at a time, on one folded-VHA-shaped model at one context: eager in both weight layouts,
-torch.compile (inductor defaults, + freezing, + cpp_wrapper), AOTInductor (without and with max_autotune), and
-llama.cpp on the same weights. Each lever runs in a fresh process (inductor's settings are global); each prints
-its build time and median ms/token. What bench_decode.py and sample.py use was chosen from this table
-(docs/benchmarks.md, compiled decode).
+The decode levers one at a time, on one folded-VHA-shaped model at one context: eager in both
+weight layouts, torch.compile (inductor defaults, + freezing, + cpp_wrapper), AOTInductor
+(without and with max_autotune), and llama.cpp on the same weights. Each lever runs in a fresh
+process (inductor's settings are global); each prints its build time and median ms/token. What
+bench_decode.py and sample.py use was chosen from this table (docs/benchmarks.md, compiled
+decode).
 
     python scripts/decode_levers.py                                    # the benchmark's 6 x 512 model, 1K context
     python scripts/decode_levers.py --shape=demo --context=256 --threads=1   # the demo's 4 x 128 model
@@ -26,7 +27,8 @@ from nanovha.config import at_least, flat_defaults, settings  # noqa: E402
 from nanovha.kernels import use_decode_layout  # noqa: E402
 from nanovha.plan import random_context  # noqa: E402
 
-shape = "bench"  # bench: 6 layers x 512, 16 heads of dim 32, 2 KV heads, vocab 128; demo: 4 x 128, 8 of 16, vocab 65
+# bench: 6 layers x 512, 16 heads of dim 32, 2 KV heads, vocab 128; demo: 4 x 128, 8 of 16, vocab 65
+shape = "bench"
 context = 1024
 steps = 40  # timed steps (after 5 untimed)
 threads = 2

@@ -1,33 +1,34 @@
 """
-The one prepared GPU check, for the GPU machine as it is lent: its own python3 and torch (2.11 or later), no
-package index, no hub, about 15 minutes of device time with the start. Seven sections, most valuable first, in at
-most total_s (6 minutes, so a rerun fits too: nanovha/gpu_plan.py), nothing to carry; docs/gpu.md has the command
-to paste and what each section measures.
+The one prepared GPU check, for the GPU machine as it is lent: its own python3 and torch (2.11 or
+later), no package index, no hub, about 15 minutes of device time with the start. Seven sections,
+most valuable first, in at most total_s (6 minutes, so a rerun fits too: nanovha/gpu_plan.py),
+nothing to carry; docs/gpu.md has the command to paste and what each section measures.
 
     python3 scripts/gpu_check.py --report_dir=$OUT               # every section
     python3 scripts/gpu_check.py --sections=smoke --section_s=smoke:200 --report_dir=$OUT/rerun
     python scripts/gpu_check.py --dry_run=True                   # toy sizes on the CPU: every path that runs there
 
-1. preflight: versions, the device and its free memory, cc and Python.h, triton, numpy
-2. correctness: bf16 against a float64 reference on every timed path (forward, eager and compiled decode), the fold
-3. smoke: train.py, config/fineweb/vha.py + smoke.py (compile + bf16) on data/shakespeare when carried, else on
+1. preflight: versions, the device and its free memory, cc and Python.h, triton, numpy 2.
+correctness: bf16 against a float64 reference on every timed path (forward, eager and compiled
+decode), the fold 3. smoke: train.py, config/fineweb/vha.py + smoke.py (compile + bf16) on
+data/shakespeare when carried, else on
    data/synthetic, made in place offline: the loss must fall
-4. limits: copy bandwidth and a bf16 matmul, beside the spec sheet
-5. train: bench.py, the 120M VHA and its same-deploy GQA twin (compile, bf16, fused AdamW), interleaved
-6. decode: bench_decode.py, MHA and folded VHA under CUDA graphs at 128K, eager beside (launch-bound)
-7. kernels: the SDPA backend (profiler op names) of training, prefill and decode steps; FAIL on the math path
+4. limits: copy bandwidth and a bf16 matmul, beside the spec sheet 5. train: bench.py, the 120M
+VHA and its same-deploy GQA twin (compile, bf16, fused AdamW), interleaved 6. decode:
+bench_decode.py, MHA and folded VHA under CUDA graphs at 128K, eager beside (launch-bound) 7.
+kernels: the SDPA backend (profiler op names) of training, prefill and decode steps; FAIL on the
+math path
 
-Each section runs in its own process group with a time limit, importing only what it needs; each subprocess it
-starts has the time the section has left. report.md and report.json are written again after each section and every
-log stays in report_dir/logs, so a cut keeps what was measured. Correctness, smoke, train and decode print their
-compile counters (graphs, graph breaks, CUDA-graph skips); the report marks a section that compiled more graphs than
-planned. Nothing in the tests depends on a GPU.
+Each section runs in its own process group with a time limit, importing only what it needs; each
+subprocess it starts has the time the section has left. report.md and report.json are written
+again after each section and every log stays in report_dir/logs, so a cut keeps what was
+measured. Correctness, smoke, train and decode print their compile counters (graphs, graph
+breaks, CUDA-graph skips); the report marks a section that compiled more graphs than planned.
+Nothing in the tests depends on a GPU.
 """
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 
@@ -36,8 +37,8 @@ sys.path.insert(0, ROOT)
 from nanovha.config import at_least, flat_defaults, settings  # noqa: E402
 from nanovha.variants import GQA_N, overrides  # noqa: E402
 from nanovha.gpu_plan import (DRY_RUN_SCALE, PLAN, SECTIONS, TOTAL_S, budget_problem, counters_line,  # noqa: E402
-                              decode_graphs, decode_lines, describe, over_plan, section_limits,
-                              toolchain_lines, train_lines)
+                              decode_graphs, decode_lines, describe, over_plan, parse_sections, run_logged,
+                              section_limits, toolchain_lines, train_lines)
 
 # -----------------------------------------------------------------------------
 dry_run = False  # CPU, toy sizes: checks that every step of this script runs
@@ -62,16 +63,8 @@ TITLES = dict(preflight="1. preflight: versions, the device, what the compiled s
               decode="6. decode: MHA and folded VHA under CUDA graphs (bench_decode.py), eager beside",
               kernels="7. SDPA kernels (profiler): training, prefill and decode steps")
 CARRIED, MADE_HERE = os.path.join(ROOT, "data", "shakespeare"), os.path.join(ROOT, "data", "synthetic")
-lines = []  # what this section says: printed as it goes (the log keeps it) and written to its JSON at the end
-
-
-def parse_sections(text):
-    """"smoke,decode" -> ["decode", "smoke"], in the check's order; ValueError (one line) on an unknown name."""
-    names = [s for s in text.split(",") if s]
-    unknown = [s for s in names if s not in SECTIONS]
-    if unknown or not names:
-        raise ValueError(f"sections must be a comma-separated subset of {','.join(SECTIONS)}, got {text!r}")
-    return [s for s in SECTIONS if s in names]
+# what this section says: printed as it goes (the log keeps it) and written to its JSON at the end
+lines = []
 
 
 def prepared(folder):
@@ -79,8 +72,8 @@ def prepared(folder):
 
 
 def smoke_data(given):
-    """The smoke section's data: the folder given; else the carried Shakespeare bins when prepared; else
-    data/synthetic (made by the smoke section when missing, offline)."""
+    """The smoke section's data: the folder given; else the carried Shakespeare bins when
+    prepared; else data/synthetic (made by the smoke section when missing, offline)."""
     return given or (CARRIED if prepared(CARRIED) else MADE_HERE)
 
 
@@ -94,7 +87,8 @@ def problems(chosen):
         return f"report_dir {report_dir} already holds a report: give a new --report_dir (or remove that one)"
     if "smoke" in chosen and data_dir and not prepared(data_dir):
         return (f"the smoke section trains on {data_dir}/ (train.bin, val.bin, meta.pkl), which is not there: "
-                "give a prepared --data_dir, or none (carried data/shakespeare, else data/synthetic made here)")
+                "give a prepared --data_dir, or none (carried data/shakespeare, else "
+                "data/synthetic made here)")
     return budget_problem(total_s, {name: SECTION_S[name] for name in chosen})
 
 
@@ -108,8 +102,8 @@ def left():
 
 
 def say_counters(name, counters, cuda_graphs, planned=None):
-    """The section's compile counters beside its plan (planned: the settings' own), FAIL on a graph break or a
-    CUDA-graph skip -> the counters with the plan, for the report's status."""
+    """The section's compile counters beside its plan (planned: the settings' own), FAIL on a
+    graph break or a CUDA-graph skip -> the counters with the plan, for the report's status."""
     planned = PLAN[name][1] if planned is None else planned
     line, fails = counters_line(counters, planned, cuda_graphs)
     say(line)
@@ -118,31 +112,9 @@ def say_counters(name, counters, cuda_graphs, planned=None):
     return counters and dict(counters, planned=planned)
 
 
-# ---- processes: a time limit each, the whole process group cut at it, the output in a log ----
-def run_logged(cmd, log_path, timeout, own_group=False):
-    """Runs cmd with stdout and stderr into log_path -> (exit code, or None when cut at timeout seconds; wall s;
-    the log's text). own_group: cmd and everything it starts form one process group, killed together at the
-    limit (the sections); otherwise cmd alone is killed (its children share this process's group)."""
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group)
-        try:
-            rc = proc.wait(timeout=max(timeout, 1))
-        except subprocess.TimeoutExpired:
-            if own_group:
-                os.killpg(proc.pid, signal.SIGKILL)
-            else:
-                proc.kill()
-            proc.wait()
-            rc = None
-    with open(log_path) as f:
-        return rc, time.time() - t0, f.read()
-
-
 def run_script(script, args, tag):
-    """One of the repo's scripts in this section's time -> its log's text (or None, the failure said)."""
+    """One of the repo's scripts in this section's time -> its log's text (or None, the failure
+    said)."""
     log = os.path.join(report_dir, "logs", f"{tag}.log")
     rc, wall, text = run_logged([sys.executable, os.path.join(ROOT, script), *args], log, left() - 5)
     if rc != 0:
@@ -167,10 +139,12 @@ def measured_limits():
 
 # ---- 1. preflight ----
 def check_preflight():
-    """One line each, in seconds: what this machine has, and what the compiled sections need besides torch."""
+    """One line each, in seconds: what this machine has, and what the compiled sections need
+    besides torch."""
     import torch
     from nanovha.hardware import cpu_kind, gpu_spec
-    say(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
+    say(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN "
+        f"{torch.backends.cudnn.version()}")
     figures = dict(torch=torch.__version__, cuda=torch.version.cuda, device=f"CPU (dry run): {cpu_kind()}")
     if device == "cuda":
         p = torch.cuda.get_device_properties(0)
@@ -254,15 +228,16 @@ def check_correctness():
                  "compiled step" + (" (dry run: no CUDA graphs)" if dry_run else ", CUDA graphs"):
                      max_rel(decoded(f16, "grouped", compiled=True), ref[:, 31:63])}
     for name, d in paths.items():
-        say(f"bf16 {name:40s} {d:.1e} of the largest logit  {'PASS' if d <= tol else 'FAIL'} (tolerance {tol:.0e})")
+        say(f"bf16 {name:40s} {d:.1e} of the largest logit  {'PASS' if d <= tol else 'FAIL'} "
+            f"(tolerance {tol:.0e})")
     counters = say_counters("correctness", compile_counters(), cuda_graphs=not dry_run)
     return dict(float64_fold=d64, **{f"bf16 {k}": v for k, v in paths.items()}, compile_counters=counters)
 
 
 # ---- 3. SDPA kernels ----
 def decode_model(variant, **shape):
-    """A decode variant as bench_decode.py builds it (nanovha/variants.py): gqaN / mha / mqa directly, vha_folded
-    through fold_to_gqa."""
+    """A decode variant as bench_decode.py builds it (nanovha/variants.py): gqaN / mha / mqa
+    directly, vha_folded through fold_to_gqa."""
     from model import GPT, GPTConfig, fold_to_gqa
     model = GPT(GPTConfig(**shape, **overrides(variant, shape["n_head"], shape["head_dim"], shape["n_embd"])))
     return fold_to_gqa(model) if variant == "vha_folded" else model
@@ -273,7 +248,8 @@ def check_kernels():
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from model import GPT, GPTConfig
     from nanovha.hardware import sdpa_backends
-    decode_impl = "sdpa" if device == "cuda" else "grouped"  # as deployed: SDPA in bf16 on CUDA, grouped fp32 on CPU
+    # as deployed: SDPA in bf16 on CUDA, grouped fp32 on CPU
+    decode_impl = "sdpa" if device == "cuda" else "grouped"
     bench_dtype = torch.bfloat16 if device == "cuda" else torch.float32
     failed = []
     train_shape = dict(vocab_size=512, block_size=1024, n_layer=1, n_embd=256 if dry_run else 768, n_head=16,
@@ -355,7 +331,8 @@ def check_decode():
         return None
     measured = measured_limits().get("copy_gb_s")
     copy_gb_s = measured or result["copy_gb_s"]
-    say(f"set against the copy bandwidth of {'the limits section' if measured else 'bench_decode.py'}: "
+    say(f"set against the copy bandwidth of "
+        f"{'the limits section' if measured else 'bench_decode.py'}: "
         f"{copy_gb_s:,.0f} GB/s")
     for line in decode_lines(result, copy_gb_s):
         say(line)
@@ -389,8 +366,10 @@ def check_smoke():
     mfu = statistics.median(r["mfu"] for r in steps[1:] or steps) if "mfu" in steps[0] else None
     first, last = evals[0]["val_loss"], evals[-1]["val_loss"]
     say(f"data {data}; {steps[-1]['iter'] + 1} steps in {wall:.0f} s wall, the first done at "
-        f"{steps[0]['time']:.0f} s (compiling); checkpoint written: {os.path.exists(os.path.join(out, 'ckpt.pt'))}")
-    say(f"tokens/s {tok_s:,.0f} (median after the first step), MFU {f'{mfu:.1%}' if mfu else 'n/a (no known peak)'}")
+        f"{steps[0]['time']:.0f} s (compiling); checkpoint written: "
+        f"{os.path.exists(os.path.join(out, 'ckpt.pt'))}")
+    say(f"tokens/s {tok_s:,.0f} (median after the first step), MFU "
+        f"{f'{mfu:.1%}' if mfu else 'n/a (no known peak)'}")
     falls = last < first - 1.0
     say(f"val loss {first:.3f} -> {last:.3f}" + ("" if dry_run else f"  {'PASS' if falls else 'FAIL'} (falls by > 1)"))
     counted = {k: evals[-1][k] for k in ("compiled_graphs", "graph_breaks", "cudagraph_skips") if k in evals[-1]}
@@ -411,7 +390,8 @@ def write_report(header, done):
 
 
 def run_sections(chosen, header, argv):
-    """Each section in its own process group, cut at its limit; the report written after each -> the sections."""
+    """Each section in its own process group, cut at its limit; the report written after each ->
+    the sections."""
     os.makedirs(os.path.join(report_dir, "logs"), exist_ok=True)
     os.makedirs(os.path.join(report_dir, "sections"), exist_ok=True)
     end, done = time.time() + total_s, []
@@ -426,7 +406,8 @@ def run_sections(chosen, header, argv):
             log = os.path.join(report_dir, "logs", f"section_{name}.log")
             rc, wall, text = run_logged(cmd, log, limit, own_group=True)
             result = section_result(name) if rc == 0 else None
-            # done: the section's own lines; cut or crashed: what its log holds after the command line
+            # done: the section's own lines; cut or crashed: what its log holds after the command
+            # line
             said = result["lines"] if result else text.splitlines()[1:]
             status = ("done" if rc == 0 else f"cut at its limit of {limit:.0f} s" if rc is None else f"exited {rc}")
             counters = ((result or {}).get("figures") or {}).get("compile_counters") or {}
@@ -445,7 +426,8 @@ def section_result(name):
 
 
 def with_device(header):
-    """The header with the preflight's device, torch and CUDA when it ran (the parent never touches the GPU)."""
+    """The header with the preflight's device, torch and CUDA when it ran (the parent never
+    touches the GPU)."""
     pre = (section_result("preflight") or {}).get("figures")
     if not pre:
         return header
@@ -465,7 +447,8 @@ def run_one(name):
 if __name__ == "__main__":
     try:
         globals().update(settings(defaults, sys.argv[1:], limits={"smoke_iters": at_least(1), "total_s": at_least(1)}))
-        report_dir, data_dir = os.path.abspath(report_dir), data_dir and os.path.abspath(data_dir)  # run in ROOT
+        # run in ROOT
+        report_dir, data_dir = os.path.abspath(report_dir), data_dir and os.path.abspath(data_dir)
         internal = ("--only=", "--deadline=", "--report_dir=", "--data_dir=")
         given = [a for a in sys.argv[1:] if not a.startswith(internal)]
         given += [f"--report_dir={report_dir}", f"--data_dir={data_dir}"]
@@ -483,7 +466,8 @@ if __name__ == "__main__":
         run_one(only)
         sys.exit(0)
     if not dry_run:
-        import torch  # the parent only asks whether there is a device: no CUDA context, no GPU memory held
+        # the parent only asks whether there is a device: no CUDA context, no GPU memory held
+        import torch
         if not torch.cuda.is_available():
             sys.exit("error: no CUDA device: this is the GPU check (use --dry_run to check the script on a CPU)")
     header = (f"GPU check, sections {','.join(chosen)} in at most {total_s} s (limits "

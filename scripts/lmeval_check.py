@@ -1,8 +1,9 @@
 """
-lm-eval on a Hugging Face export against our own checkpoint: the harness runs a multiple-choice task on the folder
-(fold.py --export_hf wrote it; the folded model), our checkpoint as trained (the unfolded VHA model, float64) scores
-the same requests tokenized as lm-eval does (nanovha/lmeval.py), and one report says both accuracies and how far
-apart every log-likelihood is. It needs lm-eval (pip install -r requirements-lmeval.txt); nothing is downloaded.
+lm-eval on a Hugging Face export against our own checkpoint: the harness runs a multiple-choice
+task on the folder (fold.py --export_hf wrote it; the folded model), our checkpoint as trained
+(the unfolded VHA model, float64) scores the same requests tokenized as lm-eval does
+(nanovha/lmeval.py), and one report says both accuracies and how far apart every log-likelihood
+is. It needs lm-eval (pip install -r requirements-lmeval.txt); nothing is downloaded.
 
     python scripts/lmeval_check.py --out_dir=out-vha-small --hf_dir=hf-vha-small      # the demo, shakespeare_mc
     python scripts/lmeval_check.py --out_dir=OUT --hf_dir=HF --task=TASK --include_path=FOLDER
@@ -32,7 +33,8 @@ def main(argv):
     cfg = settings(defaults, argv)
     hf, path = cfg["hf_dir"] or os.path.join(cfg["out_dir"], "hf"), os.path.join(cfg["out_dir"], cfg["ckpt_name"])
     for p, what in ((path, "a checkpoint (train.py writes one)"), (os.path.join(hf, "config.json"),
-                                                                   "an export (fold.py --export_hf=DIR writes one)")):
+                                                                   "an export (fold.py "
+                                                                   "--export_hf=DIR writes one)")):
         if not os.path.isfile(p):
             sys.exit(f"error: {p} not found: give {what}")
     try:
@@ -58,7 +60,8 @@ def main(argv):
     print(f"ours on {path} ({model.cfg.attn}, float64), the same {report['requests']} requests: acc "
           f"{report['acc']:.4f}, acc_norm {report['acc_norm']:.4f} ({time.time() - t1:.1f} s); the same pick on "
           f"{report['same_pick']}/{report['items']} items")
-    print(f"|log-likelihood diff| max {report['max_diff']:.2e} ({report['per_token']:.1e} per scored token of the "
+    print(f"|log-likelihood diff| max {report['max_diff']:.2e} ({report['per_token']:.1e} per "
+          f"scored token of the "
           f"logit scale); is_greedy {'identical' if report['greedy_agree'] else 'DIFFERS'}")
 
 

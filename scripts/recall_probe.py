@@ -1,15 +1,17 @@
 """
-What a recall (MQAR) run has learned in its first steps, to tell a run that stalls from one that learns. train.py
-itself trains each probed prefix: one fresh run per step count K (--max_iters=K; the run's lr_decay_iters and
-curriculum_iters stay as they were, so the first K steps are the full run's), and each checkpoint is probed on
-rows at the easiest curriculum level and at full difficulty:
+What a recall (MQAR) run has learned in its first steps, to tell a run that stalls from one that
+learns. train.py itself trains each probed prefix: one fresh run per step count K (--max_iters=K;
+the run's lr_decay_iters and curriculum_iters stay as they were, so the first K steps are the
+full run's), and each checkpoint is probed on rows at the easiest curriculum level and at full
+difficulty:
 
     prev   layer 0: attention from each value token v_i to its own key k_i (the position before it), best head
     match  layer 1: attention from a query q = k_i to the value v_i after its key, best head
     grad   the gradient norm of each block on one batch at that step's curriculum level
     acc    held-out accuracy at step K (the prefix run's last eval)
 
-The key-value circuit is prev then match: layer 0 copies k_i into v_i's position, layer 1 finds it from q.
+The key-value circuit is prev then match: layer 0 copies k_i into v_i's position, layer 1 finds
+it from q.
 
     python scripts/recall_probe.py --run=out-confirm/runs/n_keys=64,n_values=64/gqa2/seed1027 --steps=25,50,100
     python scripts/recall_probe.py --run=... --extra="--data_stream=1"     # the same init, other batches
@@ -46,25 +48,30 @@ def fail(msg):
 
 
 def recorded_attention():
-    """Wraps model.plain_attention so each call also keeps its attention weights (B, H, Tq, Tk) in a list."""
+    """Wraps model.plain_attention so each call also keeps its attention weights (B, H, Tq, Tk)
+    in a list."""
     weights = []
 
     def recording(q, k, v):
         group = q.size(1) // k.size(1)
-        k_all = k.repeat_interleave(group, dim=1)  # (B, H, T, d): query head j reads KV head j // group
+        # (B, H, T, d): query head j reads KV head j // group
+        k_all = k.repeat_interleave(group, dim=1)
         scores = q @ k_all.transpose(-2, -1) / q.size(-1) ** 0.5  # (B, H, T, T)
         future = torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1)
-        weights.append(scores.masked_fill(future, float("-inf")).softmax(-1))  # softmax(q k^T / sqrt(d)), causal
+        # softmax(q k^T / sqrt(d)), causal
+        weights.append(scores.masked_fill(future, float("-inf")).softmax(-1))
         return PLAIN(q, k, v)
     return weights, recording
 
 
 def circuit_scores(weights, x, n_pairs):
-    """(prev, match): layer 0's best-head mean attention v_i -> k_i, layer 1's best-head mean attention q -> v_i.
-    x (B, T): MQAR rows k1 v1 ... kP vP [gap] SEP q1 ... qP (keys distinct within a row)."""
+    """(prev, match): layer 0's best-head mean attention v_i -> k_i, layer 1's best-head mean
+    attention q -> v_i. x (B, T): MQAR rows k1 v1 ... kP vP [gap] SEP q1 ... qP (keys distinct
+    within a row)."""
     B, T = x.shape
     value_pos = torch.arange(1, 2 * n_pairs, 2)  # (P,)
-    prev = weights[0][:, :, value_pos, value_pos - 1].mean(dim=(0, 2)).max()  # (B, H, P) -> (H,) -> best head
+    # (B, H, P) -> (H,) -> best head
+    prev = weights[0][:, :, value_pos, value_pos - 1].mean(dim=(0, 2)).max()
     queries = torch.arange(T - n_pairs, T)  # (P,): the last P positions
     key_of = (x[:, queries, None] == x[:, None, 0:2 * n_pairs:2])  # (B, P, P): query j asks key i
     target = 2 * key_of.float().argmax(-1) + 1  # (B, P): the value position after the matching key
@@ -74,13 +81,15 @@ def circuit_scores(weights, x, n_pairs):
 
 
 def block_grads(model, x, y):
-    """Gradient norm per block of each layer (W_qkv, W_o, premix/postmix, MLP) of the loss on one batch."""
+    """Gradient norm per block of each layer (W_qkv, W_o, premix/postmix, MLP) of the loss on one
+    batch."""
     model.zero_grad(set_to_none=True)
     model(x, y)[1].backward()
     sums = {}
     for name, p in model.named_parameters():
         if p.grad is not None:
-            parts = name.split(".")  # blocks.<i>.attn.qkv_proj.weight, blocks.<i>.mlp.up_proj.weight, embed.weight
+            # blocks.<i>.attn.qkv_proj.weight, blocks.<i>.mlp.up_proj.weight, embed.weight
+            parts = name.split(".")
             if parts[0] != "blocks" or "norm" in name:
                 continue  # the embedding (tied to the LM head) and the norms: not the circuit
             key = f"L{parts[1]}." + (parts[3].replace("_proj", "") if parts[2] == "attn" else parts[2])
@@ -89,7 +98,8 @@ def block_grads(model, x, y):
 
 
 def probe(model, meta_rows, frac, mode):
-    """The circuit scores at the easiest level and at full difficulty, and the block gradients at frac."""
+    """The circuit scores at the easiest level and at full difficulty, and the block gradients at
+    frac."""
     model.cfg.attn_impl = "plain"
     weights, recording = recorded_attention()
     out, rng = {}, np.random.default_rng(seed)
@@ -134,7 +144,8 @@ def main():
                    "--stop_at_acc=0", "--log_interval=100000"]
             done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
             if done.returncode:
-                fail(f"train.py stopped for step {K}: {(done.stderr or done.stdout).strip().splitlines()[-1]}")
+                fail(f"train.py stopped for step {K}: "
+                     f"{(done.stderr or done.stdout).strip().splitlines()[-1]}")
         model, saved = load_model(ckpt)
         c = saved["config"]
         frac = min(1.0, K / c["curriculum_iters"]) if c["curriculum_iters"] else 1.0
@@ -143,7 +154,8 @@ def main():
         r = dict(step=K, acc=acc, **probe(model, saved["meta"]["rows"], frac, c["curriculum_mode"]))
         results.append(r)
         grads = ", ".join(f"{k} {v:.3f}" for k, v in r["grad"].items())
-        print(f"| {K} | {acc:.1%} | {r['prev_easy']:.2f} | {r['match_easy']:.2f} | {r['prev_full']:.2f} "
+        print(f"| {K} | {acc:.1%} | {r['prev_easy']:.2f} | {r['match_easy']:.2f} | "
+              f"{r['prev_full']:.2f} "
               f"| {r['match_full']:.2f} | {grads} |")
     with open(os.path.join(root, "probe.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -135,6 +135,15 @@ def test_every_command_and_script_takes_its_settings_one_way():
     assert "eval" not in {getattr(n.func, "id", "") for n in ast.walk(config) if isinstance(n, ast.Call)}
 
 
+def test_most_lines_fit_in_100_characters():
+    """Room to breathe: at most 10% of the lines of code (tests aside) are over 100 characters (the anchors,
+    nanoGPT and gpt-fast, have 5-8%); none is over 120 (above)."""
+    code = [p for p in python_files() if not p.startswith("tests")]
+    lines = [line for p in code for line in open(os.path.join(ROOT, p)).read().splitlines()]
+    wide = sum(len(line) > 100 for line in lines)
+    assert wide <= 0.10 * len(lines), f"{wide} of {len(lines)} lines over 100 characters ({wide / len(lines):.1%})"
+
+
 def imports_of(path):
     tree = ast.parse(open(os.path.join(ROOT, path)).read())
     return {(a.name if isinstance(node, ast.Import) else node.module or "").split(".")[0]

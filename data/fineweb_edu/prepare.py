@@ -1,19 +1,21 @@
 """
-FineWeb-Edu (HuggingFaceFW/fineweb-edu, "sample-10BT") with the GPT-2 BPE tokenizer (uint16 bins), or with
-the tokenizer of a Hugging Face model folder (--tokenizer=hf --hf_tokenizer=FOLDER, e.g. Qwen3's: uint32 bins), for
-GPU runs. Needs network access to the Hugging Face hub and `pip install datasets`.
-Documents are streamed, so nothing is held in memory: each one becomes its tokens plus
+FineWeb-Edu (HuggingFaceFW/fineweb-edu, "sample-10BT") with the GPT-2 BPE tokenizer (uint16
+bins), or with the tokenizer of a Hugging Face model folder (--tokenizer=hf
+--hf_tokenizer=FOLDER, e.g. Qwen3's: uint32 bins), for GPU runs. Needs network access to the
+Hugging Face hub and `pip install datasets`. Documents are streamed, so nothing is held in
+memory: each one becomes its tokens plus
 <|endoftext|> (hf: <|endoftext|> if the tokenizer has it, else its eos), the first ~99% of the tokens go to train.bin,
-the last documents to val.bin.
-Batches of documents are tokenized in parallel (--num_threads, default one per core); the bar shows
-tokens/s. Everything is written to temp files renamed into place at the end, so an interrupted run
-leaves no corrupt dataset behind: run it again and it starts over.
+the last documents to val.bin. Batches of documents are tokenized in parallel (--num_threads,
+default one per core); the bar shows tokens/s. Everything is written to temp files renamed into
+place at the end, so an interrupted run leaves no corrupt dataset behind: run it again and it
+starts over.
 
 python data/fineweb_edu/prepare.py [--num_tokens 100000000] [--out_dir DIR]
 python data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer=Qwen3-0.6B --num_tokens=600000000
     --out_dir=data/fineweb_edu_qwen3
-(100M tokens is about 200 MB on disk; config/fineweb/*.py want --num_tokens 2600000000, about 5.2 GB)
-Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ (CONTRIBUTING.md).
+(100M tokens is about 200 MB on disk; config/fineweb/*.py want --num_tokens 2600000000, about 5.2
+GB) Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/
+(CONTRIBUTING.md).
 """
 import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -48,16 +50,20 @@ def main():
     if args.num_tokens <= 0 or not 0 < args.val_frac < 1 or args.num_threads < 0:
         raise SystemExit("error: --num_tokens must be > 0, --val_frac between 0 and 1, --num_threads >= 0")
     if (args.tokenizer == "hf") != bool(args.hf_tokenizer):
-        raise SystemExit("error: --tokenizer=hf and --hf_tokenizer=FOLDER (a Hugging Face model folder) go together; "
+        raise SystemExit("error: --tokenizer=hf and --hf_tokenizer=FOLDER (a Hugging Face model "
+                         "folder) go together; "
                          "give both")
     try:
         from datasets import load_dataset
     except ImportError:
         raise SystemExit("error: fineweb_edu needs the Hugging Face datasets package: pip install datasets") from None
 
-    with preparing(args.out_dir, [("--hf_tokenizer", args.hf_tokenizer)], args.overwrite):  # one writer, checked now
+    # one writer, checked now
+    with preparing(args.out_dir, [("--hf_tokenizer", args.hf_tokenizer)], args.overwrite):
         enc = HFEncoding(args.hf_tokenizer, args.num_threads or None) if args.hf_tokenizer else gpt2_encoding()
-        try:  # network and hub failures are OSErrors (requests, huggingface_hub): one line, not a traceback
+        # network and hub failures are OSErrors (requests, huggingface_hub): one line, not a
+        # traceback
+        try:
             ds = load_dataset("HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train", streaming=True)
             docs = (row["text"] for row in ds)
             meta = {**(enc.meta() if args.hf_tokenizer else gpt2_meta(enc)),

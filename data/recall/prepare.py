@@ -1,10 +1,12 @@
 """
-A synthetic recall dataset (see tasks.py): writes meta.pkl (the task spec) and val.npz (held-out rows).
-Training rows are not stored: train.py generates each batch from the spec and its (seed, iter, micro-step)
-stream, at the difficulty its curriculum has reached, so there is no file to outgrow and resume stays exact.
+A synthetic recall dataset (see tasks.py): writes meta.pkl (the task spec) and val.npz (held-out
+rows). Training rows are not stored: train.py generates each batch from the spec and its (seed,
+iter, micro-step) stream, at the difficulty its curriculum has reached, so there is no file to
+outgrow and resume stays exact.
 
 python data/recall/prepare.py [--task mqar] [--n_pairs 16 --n_keys 128 --gap 0 ...] [--n_val 512] [--out_dir DIR]
-Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ (CONTRIBUTING.md).
+Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/
+(CONTRIBUTING.md).
 """
 import argparse, os, pickle, sys
 import numpy as np
@@ -35,9 +37,11 @@ def main():
         sys.exit("error: --n_val must be >= 1")
     x, y = tasks.eval_rows(spec, args.n_val)
     meta = tasks.meta(spec, args.n_val)
-    with preparing(args.out_dir, overwrite=args.overwrite):  # one writer; no dataset replaced unasked
+    # one writer; no dataset replaced unasked
+    with preparing(args.out_dir, overwrite=args.overwrite):
         for name, write in (("val.npz", lambda f: np.savez(f, x=x.astype(np.int32), y=y.astype(np.int32))),
-                            ("meta.pkl", lambda f: pickle.dump(meta, f))):  # meta last: its presence means complete
+                            # meta last: its presence means complete
+                            ("meta.pkl", lambda f: pickle.dump(meta, f))):
             tmp = os.path.join(args.out_dir, f".{name}.tmp{os.getpid()}")
             with open(tmp, "wb") as f:
                 write(f)

@@ -34,7 +34,8 @@ DEFAULTS = {
     "vt": dict(n_chains=2, n_hops=4, n_keys=128, n_values=128, gap=0, gap_start=None, curriculum_start=1),
     "passkey": dict(length=128, n_digits=4, n_keys=1, n_values=10, curriculum_start=16),
 }
-CURRICULUM = {"mqar": "n_pairs", "vt": "n_hops", "passkey": "length"}  # the knob the curriculum ramps
+# the knob the curriculum ramps
+CURRICULUM = {"mqar": "n_pairs", "vt": "n_hops", "passkey": "length"}
 EVAL_SEED = 20261  # the held-out rows' own stream; training rows come from train.py's (seed, iter) streams
 
 
@@ -44,7 +45,8 @@ def make_spec(task, **knobs):
         raise ValueError(f"unknown recall task {task!r}; known: {', '.join(TASKS)}")
     unknown = set(knobs) - set(DEFAULTS[task])
     if unknown:
-        raise ValueError(f"{task} has no knob {', '.join(sorted(unknown))}; its knobs: {', '.join(DEFAULTS[task])}")
+        raise ValueError(f"{task} has no knob {', '.join(sorted(unknown))}; its knobs: "
+                         f"{', '.join(DEFAULTS[task])}")
     spec = dict(DEFAULTS[task], **knobs, task=task)
     if "gap" in spec and spec["gap_start"] is None:
         spec["gap_start"] = spec["gap"]
@@ -55,7 +57,8 @@ def make_spec(task, **knobs):
     if task == "mqar" and spec["n_pairs"] > spec["n_keys"]:
         raise ValueError(f"mqar: n_pairs={spec['n_pairs']} > n_keys={spec['n_keys']}, but keys are distinct in a row")
     if task == "vt" and (spec["n_chains"] * spec["n_hops"] > spec["n_keys"] or spec["n_chains"] > spec["n_values"]):
-        raise ValueError(f"vt: {spec['n_chains']} chains x {spec['n_hops']} hops need that many distinct key tokens "
+        raise ValueError(f"vt: {spec['n_chains']} chains x {spec['n_hops']} hops need that many "
+                         f"distinct key tokens "
                          f"(n_keys={spec['n_keys']}) and n_chains <= n_values={spec['n_values']}")
     if min(v for k, v in spec.items() if k not in ("task", "gap", "gap_start")) < 1 or spec.get("gap", 0) < 0:
         raise ValueError(f"{task}: every knob must be >= 1 (gap >= 0), got {spec}")
@@ -129,15 +132,19 @@ def mqar(rng, n, s):
 
 def vt(rng, n, s):
     C, H, K0, V0 = s["n_chains"], s["n_hops"], first_key(s), first_value(s)
-    names = K0 + rng.random((n, s["n_keys"])).argsort(1)[:, :C * H].reshape(n, C, H)  # distinct variable names
+    # distinct variable names
+    names = K0 + rng.random((n, s["n_keys"])).argsort(1)[:, :C * H].reshape(n, C, H)
     consts = V0 + rng.random((n, s["n_values"])).argsort(1)[:, :C]  # (n, C) distinct chain values
     # a random interleaving of the chains: slot i gets chain perm[i] // H, its hops stay in order
-    chain = rng.random((n, C * H)).argsort(1) // H  # (n, C*H): which chain each assignment belongs to
+    # (n, C*H): which chain each assignment belongs to
+    chain = rng.random((n, C * H)).argsort(1) // H
     # (n, C*H)
     hop = (np.cumsum(chain[:, :, None] == np.arange(C), 1) - 1)[np.arange(n)[:, None], np.arange(C * H), chain]
     rows = np.arange(n)[:, None]
-    source = np.where(hop == 0, consts[rows, chain], names[rows, chain, np.maximum(hop - 1, 0)])  # (n, C*H)
-    story = np.stack([source, names[rows, chain, hop]], 2).reshape(n, 2 * C * H)  # (n, 2CH): source, name pairs
+    # (n, C*H)
+    source = np.where(hop == 0, consts[rows, chain], names[rows, chain, np.maximum(hop - 1, 0)])
+    # (n, 2CH): source, name pairs
+    story = np.stack([source, names[rows, chain, hop]], 2).reshape(n, 2 * C * H)
     parts, targets = [story, filler(rng, (n, s["gap"]))], [np.full((n, 2 * C * H + s["gap"]), -1)]
     for c in rng.random((n, C)).argsort(1).T:  # query the chains in a random order per row
         # (n, H+2)
@@ -154,7 +161,8 @@ def passkey(rng, n, s):
     for i in range(n):
         x[i, depth[i]] = NEEDLE
         x[i, depth[i] + 1:depth[i] + 1 + k] = digits[i]
-    x[:, L - k - 2], x[:, L - k - 1], x[:, L - k:] = SEP, NEEDLE, digits  # the question, then the answer
+    # the question, then the answer
+    x[:, L - k - 2], x[:, L - k - 1], x[:, L - k:] = SEP, NEEDLE, digits
     y[:, L - k - 1:L - 1] = digits  # at NEEDLE predict d1, at d1 predict d2, ...
     return x, y
 
@@ -172,11 +180,13 @@ def batch(spec, n, rng, frac=1.0, mode="ramp"):
     levels = rng.integers(spec["curriculum_start"], top + 1, size=n) if mix else np.full(n, top)
     full_gap = spec.get("gap", 0)
     gaps = np.full(n, full_gap)
-    if spec.get("gap_start", full_gap) < full_gap:  # drawn only when the gap ramps: fixed-gap rows stay as they were
+    # drawn only when the gap ramps: fixed-gap rows stay as they were
+    if spec.get("gap_start", full_gap) < full_gap:
         widest = gap_level(spec, frac, mode)
         gaps = rng.integers(spec["gap_start"], widest + 1, size=n) if mix else np.full(n, widest)
     T, xs, ys = row_length(spec), [], []
-    for lv, g in sorted(set(zip(levels.tolist(), gaps.tolist()))):  # a generator call per (level, gap), padded to T
+    # a generator call per (level, gap), padded to T
+    for lv, g in sorted(set(zip(levels.tolist(), gaps.tolist()))):
         at = dict(spec, **{knob: lv}, **({"gap": g} if "gap" in spec else {}))
         x, y = GENERATORS[spec["task"]](rng, int(((levels == lv) & (gaps == g)).sum()), at)
         xs.append(np.pad(x, ((0, 0), (0, T - x.shape[1])), constant_values=PAD))
@@ -194,7 +204,8 @@ def meta(spec, n_val):
     held-out ones."""
     knobs = ", ".join(f"{k}={v}" for k, v in spec.items() if k != "task")
     return {"tokenizer": "rows", "vocab_size": vocab_size(spec), "rows": dict(spec), "row_length": row_length(spec),
-            "val_rows": n_val, "source": f"recall task {spec['task']} ({knobs}), generated by data/recall/tasks.py"}
+            "val_rows": n_val, "source": f"recall task {spec['task']} ({knobs}), generated by "
+                                         f"data/recall/tasks.py"}
 
 
 def score(pred, y):

