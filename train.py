@@ -34,9 +34,9 @@ from nanovha.health import vha_health
 from nanovha.outputs import hold, resolved
 from nanovha.peers import PeerWatch, start_ddp
 from nanovha.plan import train_plan
-from nanovha.preflight import (TOKENIZER_FIX, cut_log, disk_problem, knob_problem, lr_schedule,
+from nanovha.preflight import (cut_log, disk_problem, knob_problem, lr_schedule,
                                outputs_problem, prepare_out_dir, start_checkpoint, start_log, teacher_problem,
-                               vocab_mismatch, warmup_problem)
+                               tokenizer_fix, vocab_mismatch, warmup_problem)
 
 # -----------------------------------------------------------------------------
 # defaults (overridden by config/*.py files and --key=value); nanoGPT's names where it has the knob
@@ -243,7 +243,7 @@ def rng(it, micro):
 if teacher:
     stop_if(teacher_problem(teacher_model, teacher_meta, teacher, meta, data_dir, data.seq_len))
 if ckpt is not None:
-    fix = "resume with the dataset it was trained on" if resuming else TOKENIZER_FIX
+    fix = "resume with the dataset it was trained on" if resuming else tokenizer_fix(ckpt.get("meta"), meta)
     stop_if(vocab_mismatch(ckpt.get("meta"), "the checkpoint" if resuming else f"the checkpoint {init_from}", meta,
                            data_dir, fix))
     stop_if(resuming and data_changed(ckpt.get("data_fingerprint"), fingerprint, data_dir, ckpt_path))

@@ -103,6 +103,18 @@ def contradictions(c, kept, keys):
                      if k in given(c) and c[k] is not None and c[k] != kept[k])
 
 
+def tokenizer_fix(meta, data_meta):
+    """The fix that goes with a vocab mismatch of a checkpoint against char data: a small Hugging Face vocabulary is
+    a char-level nanoVHA model exported to Hugging Face, whose own run is the place to start from; otherwise
+    the Hugging Face recipe (TOKENIZER_FIX)."""
+    exported_char = (meta or {}).get("tokenizer") == "hf" and (meta or {}).get("vocab_size", 1 << 20) <= 1024
+    if exported_char and (data_meta or {}).get("tokenizer") == "char":
+        return ("it looks exported from a char-level nanoVHA run: start from that run's checkpoint "
+                "(--init_from=RUN/ckpt.pt), or prepare text with its tokenizer (data/text/prepare.py "
+                "--tokenizer=hf --hf_tokenizer=FOLDER)")
+    return TOKENIZER_FIX
+
+
 def vocab_mismatch(meta, name, data_meta, data_dir, fix):
     """Why a model (checkpoint or teacher) with this meta cannot read data_dir's token ids,
     ending in `fix`, or None."""

@@ -174,6 +174,9 @@ BAD = {  # id: (args given (teacher, conv, tmp_path), needles)
     "student of another tokenizer": (
         lambda t, c, p: [f"--init_from={bad_copy(c, p, meta=HF_META)}"],
         ["vocab mismatch: the checkpoint", "hf tokenizer (151936 tokens)", "--tokenizer=hf"]),
+    "a char model's own Hugging Face export": (  # its own run's checkpoint is the fix, not FineWeb's recipe
+        lambda t, c, p: [f"--init_from={bad_copy(c, p, meta={'tokenizer': 'hf', 'vocab_size': 65})}"],
+        ["vocab mismatch: the checkpoint", "exported from a char-level nanoVHA run", "--init_from=RUN/ckpt.pt"]),
     "student without meta": (lambda t, c, p: [f"--init_from={bad_copy(c, p, meta=None)}"],
                              ["carries no tokenizer description"]),
     "student missing": (lambda t, c, p: ["--init_from=no/such.pt"],
