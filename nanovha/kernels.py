@@ -42,6 +42,12 @@ def sdpa(q, k, v, is_causal=False, dropout_p=0.0, expand_kv=None):
 CACHE_BLOCK = 64  # KV caches hold whole blocks of this many positions (see split_kv_attention)
 
 
+@torch.compiler.assume_constant_result
+def cpu_threads():
+    """torch's CPU thread count, a constant to torch.compile (a compiled step is built for one count)."""
+    return torch.get_num_threads()
+
+
 def split_kv_attention(q, k, v, visible, scale=None, splits=None):
     """One-token decode over a static cache, flash-decoding style: q (B, H_kv, G, d) holds each
     KV head's G query heads as query rows; k (B, H_kv, T, d), v (B, H_kv, T, d_v); visible (T,)
@@ -52,9 +58,10 @@ def split_kv_attention(q, k, v, visible, scale=None, splits=None):
     (exact, up to rounding). splits=None: as many chunks as idle threads; the tests set it."""
     B, H_kv, G, d = q.shape
     T = k.size(2)
-    S = torch.get_num_threads() // (B * H_kv) if splits is None else splits
-    # a power of 2
-    S = 1 << (min(S, CACHE_BLOCK).bit_length() - 1) if S >= 1 and q.device.type == "cpu" else 1
+    if q.device.type != "cpu":  # a GPU runs many heads' blocks at once: no split needed
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None], scale=scale)
+    S = cpu_threads() // (B * H_kv) if splits is None else splits
+    S = 1 << (min(S, CACHE_BLOCK).bit_length() - 1) if S >= 1 else 1  # a power of 2
     if S < 2 or T % S or v.size(-1) != d:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None], scale=scale)
     n = T // S
