@@ -22,8 +22,9 @@ import torch
 
 from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.experiments import hold_root
-from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, parse_primary,
-                                 primary_lines, pyplot, read_json, run_all, same_run, t_crit, train, write_json)
+from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command,
+                                 parse_primary, primary_lines, pyplot, read_json, run_all, same_run, t_crit,
+                                 train, write_json)
 from nanovha.loading import load_model
 from nanovha.config import at_least
 
@@ -46,7 +47,8 @@ warmup_iters = 50
 eval_interval = 125
 eval_iters = 20
 log_interval = 10
-config_dir = ""  # "": config/vha_small.py + config/ablations/<variant>.py; else <config_dir>/vha.py + <variant>.py
+# "": config/vha_small.py + config/ablations/<variant>.py; else <config_dir>/vha.py + <variant>.py
+config_dir = ""
 model_args = ""  # extra train.py overrides for every variant, e.g. "--n_layer=2 --n_embd=32"
 lm_dataset = "shakespeare_char"
 lm_data_dir = ""  # any folder with train.bin/val.bin/meta.pkl
@@ -87,7 +89,8 @@ def parse_args(argv):
 def lm_args(cfg, variant, seed, run_dir):
     """train.py's argv for one LM run: config files, then the same budget overrides for every
     variant."""
-    base, twins = (cfg["config_dir"], cfg["config_dir"]) if cfg["config_dir"] else ("config", "config/ablations")
+    own = cfg["config_dir"]
+    base, twins = (own, own) if own else ("config", "config/ablations")
     base = os.path.join(base, "vha.py" if cfg["config_dir"] else "vha_small.py")
     files = [base] + ([] if variant == "vha" else [os.path.join(twins, f"{variant}.py")])
     data = [f"--dataset={cfg['lm_dataset']}"] + ([f"--data_dir={os.path.abspath(cfg['lm_data_dir'])}"]
@@ -102,7 +105,8 @@ def lm_args(cfg, variant, seed, run_dir):
 
 
 def tokens_per_run(cfg):
-    return cfg["lm_iters"] * cfg["gradient_accumulation_steps"] * cfg["batch_size"] * cfg["block_size"]
+    steps = cfg["lm_iters"] * cfg["gradient_accumulation_steps"]
+    return steps * cfg["batch_size"] * cfg["block_size"]
 
 
 def run_lm(cfg, job):
@@ -116,7 +120,8 @@ def run_lm(cfg, job):
     t0 = time.time()
     rows, note = train(cfg, run_dir, args, cfg["lm_iters"])
     evals = [r for r in rows if "val_loss" in r]
-    speed = [r["tok_per_s"] for r in rows if "tok_per_s" in r][1:] or [r["tok_per_s"] for r in rows if "tok_per_s" in r]
+    speed = [r["tok_per_s"] for r in rows if "tok_per_s" in r]
+    speed = speed[1:] or speed
     model = load_model(run_dir)[0]
     res = {"variant": variant, "seed": seed, "args": args, "iters": cfg["lm_iters"], "block_size": cfg["block_size"],
            "tokens": tokens_per_run(cfg), "val_loss": evals[-1]["val_loss"],
@@ -184,7 +189,8 @@ def cmd_report(cfg):
         sys.exit(f"error: no finished runs in {cfg['out_root']}/runs for "
                  f"{', '.join(cfg['variant_list'])}; "
                  "run python ablate.py first")
-    groups = {v: [r for r in rows if r["variant"] == v] for v in VARIANTS if any(r["variant"] == v for r in rows)}
+    groups = {v: [r for r in rows if r["variant"] == v] for v in VARIANTS}
+    groups = {v: g for v, g in groups.items() if g}
     write_json(os.path.join(cfg["out_root"], "results.json"), rows)
     cols = ["variant", "seed", "val_loss", "train_loss", "params", "flops_per_token", "kv_bytes_per_token", "tok_per_s",
             "wall_s"]

@@ -4,26 +4,28 @@ smaller-cache model is better after a short warm-up, VHA (convert.py's premix fi
 uptraining (mean-pooled KV heads), and does the warmed VHA reach a VHA trained from scratch on
 the full budget?
 
-    python uptrain.py --jobs=2 --threads=1   # the comparison: teacher 1200 iters, 9 warm-ups x 5 seeds (120 iters; the
-                                             # three *_long 600), 4 scratch baselines x 5 seeds
-    python uptrain.py --variants=vha_warm,vha_warm_kd,vha_fit_warm_kd   # only these runs (and the teacher's evals)
+    python uptrain.py --jobs=2 --threads=1   # the comparison: teacher 1200 iters, 9 warm-ups x 5
+                                             # seeds (120 iters; the three *_long 600), 4 scratch
+                                             # baselines x 5 seeds
+    python uptrain.py --variants=vha_warm,vha_warm_kd   # only these runs (and the teacher's evals)
     python uptrain.py --quick         # teacher 300 iters, 2 seeds, context 128: a pipeline check
     python uptrain.py --smoke         # a tiny model, 30 teacher iters, 2 seeds: the test's pipeline
     python uptrain.py report          # rebuild report.md and results.json from the finished runs
 
 The pipeline (every run resumes and is skipped once done, experiments.py):
   1. teacher: config/vha_small.py + config/ablations/gqa8.py (GQA 8Q/8KV), teacher_iters iterations
-  2. convert.py the teacher to VHA (4 physical -> 8 virtual query heads over 2 KV heads; vha: the physical heads are
-     the teacher's group 0, vha_fit: fitted with premix, convert.py --physical=fit) and to GQA 8Q/2KV by mean
-     pooling: the same deployed shape, a 4x smaller cache
-  3. warm-up each for warmup_frac of the teacher's iterations, with and without distillation, seeds seed ..
-     seed+n_seeds-1. From a checkpoint the seed changes only the batches (train.py's rng) and the eval batches, so
-     each seed's variants are compared on the same batches (paired). Val loss before warm-up is the iteration-0
-     eval of each warm-up run (before any update: what train.py --eval_only=True would print), and the teacher is
-     evaluated on each seed's eval batches by an eval-only run (the gap to the teacher is per seed). The distilled
-     warm-ups also run for long_warmup_frac (the *_long variants): how much of the gap a longer warm-up closes.
-  4. from scratch, the same seeds: VHA (the demo) and same-deploy GQA (config/ablations/gqa2.py), at the
-     teacher's budget and at the warm-up budget, the demo's schedule scaled to the budget.
+  2. convert.py the teacher to VHA (4 physical -> 8 virtual query heads over 2 KV heads; vha: the
+     physical heads are the teacher's group 0, vha_fit: fitted with premix, convert.py
+     --physical=fit) and to GQA 8Q/2KV by mean pooling: the same deployed shape, a 4x smaller cache
+  3. warm-up each for warmup_frac of the teacher's iterations, with and without distillation, seeds
+     seed .. seed+n_seeds-1. From a checkpoint the seed changes only the batches (train.py's rng)
+     and the eval batches, so each seed's variants are compared on the same batches (paired). Val
+     loss before warm-up is the iteration-0 eval of each warm-up run (before any update: what
+     train.py --eval_only=True would print), and the teacher is evaluated on each seed's eval
+     batches by an eval-only run (the gap to the teacher is per seed). The distilled warm-ups also
+     run for long_warmup_frac (the *_long variants): how much of the gap a longer warm-up closes.
+  4. from scratch, the same seeds: VHA (the demo) and same-deploy GQA (config/ablations/gqa2.py), at
+     the teacher's budget and at the warm-up budget, the demo's schedule scaled to the budget.
 
 The teacher runs alone with --threads=2 (under --threads=1 it would get one core), the rest
 --jobs=2 --threads=1. The results, what they say and how long they took on which CPU:
@@ -94,11 +96,14 @@ TEACHER_FILES = ["config/vha_small.py", "config/ablations/gqa8.py"]
 # (first, second, what is compared, metric): Δ = first - second, per seed
 LIMITS = {**{k: at_least(1) for k in ("n_seeds", "teacher_iters", "evals")}, "teacher_seed": COMMON_LIMITS["seed"]}
 COMPARISONS = [
-    ("vha_scratch_full", "gqa_scratch_full", "from scratch, full budget: VHA vs same-deploy GQA (the paper's claim)",
+    ("vha_scratch_full", "gqa_scratch_full",
+     "from scratch, full budget: VHA vs same-deploy GQA (the paper's claim)",
      "val_loss"),
     ("vha_warm", "gqa_uptrain", "before warm-up: VHA converted vs GQA mean-pooled", "val_before"),
-    ("vha_warm", "gqa_uptrain", "after warm-up, no distillation: VHA vs GQA uptraining", "val_loss"),
-    ("vha_warm_kd", "gqa_uptrain_kd", "after warm-up, distillation: VHA vs GQA uptraining", "val_loss"),
+    ("vha_warm", "gqa_uptrain", "after warm-up, no distillation: VHA vs GQA uptraining",
+     "val_loss"),
+    ("vha_warm_kd", "gqa_uptrain_kd", "after warm-up, distillation: VHA vs GQA uptraining",
+     "val_loss"),
     ("vha_warm_kd", "vha_warm", "VHA: distillation vs none", "val_loss"),
     ("gqa_uptrain_kd", "gqa_uptrain", "GQA: distillation vs none", "val_loss"),
     ("vha_warm", "vha_scratch_full", "TARGET: VHA warm (short budget) vs VHA scratch (full "
@@ -107,19 +112,27 @@ COMPARISONS = [
     ("vha_warm_kd", "vha_scratch_full", "TARGET: VHA warm (short budget) vs VHA scratch (full "
                                         "budget), distillation",
      "val_loss"),
-    ("vha_warm", "vha_scratch_short", "same budget: VHA warm vs VHA scratch, no distillation", "val_loss"),
-    ("vha_warm_kd", "vha_scratch_short", "same budget: VHA warm vs VHA scratch, distillation", "val_loss"),
+    ("vha_warm", "vha_scratch_short", "same budget: VHA warm vs VHA scratch, no distillation",
+     "val_loss"),
+    ("vha_warm_kd", "vha_scratch_short", "same budget: VHA warm vs VHA scratch, distillation",
+     "val_loss"),
     ("gqa_uptrain", "gqa_scratch_short", "same budget: GQA uptraining vs GQA scratch", "val_loss"),
-    ("vha_warm_kd_long", "gqa_uptrain_kd_long", "long warm-up, distillation: VHA vs GQA uptraining", "val_loss"),
+    ("vha_warm_kd_long", "gqa_uptrain_kd_long",
+     "long warm-up, distillation: VHA vs GQA uptraining", "val_loss"),
     ("vha_warm_kd_long", "vha_scratch_full",
      "TARGET, long warm-up: VHA warm vs VHA scratch (full budget), distillation", "val_loss"),
-    ("vha_fit_warm_kd", "vha_warm_kd", "before warm-up: physical Q heads fitted vs the teacher's group 0",
+    ("vha_fit_warm_kd", "vha_warm_kd",
+     "before warm-up: physical Q heads fitted vs the teacher's group 0",
      "val_before"),
-    ("vha_fit_warm", "vha_warm", "after warm-up, no distillation: physical Q heads fitted vs group 0", "val_loss"),
-    ("vha_fit_warm_kd", "vha_warm_kd", "after warm-up, distillation: physical Q heads fitted vs group 0", "val_loss"),
-    ("vha_fit_warm_kd_long", "vha_warm_kd_long", "long warm-up, distillation: physical Q heads fitted vs group 0",
+    ("vha_fit_warm", "vha_warm",
+     "after warm-up, no distillation: physical Q heads fitted vs group 0", "val_loss"),
+    ("vha_fit_warm_kd", "vha_warm_kd",
+     "after warm-up, distillation: physical Q heads fitted vs group 0", "val_loss"),
+    ("vha_fit_warm_kd_long", "vha_warm_kd_long",
+     "long warm-up, distillation: physical Q heads fitted vs group 0",
      "val_loss"),
-    ("vha_fit_warm_kd", "gqa_uptrain_kd", "after warm-up, distillation: VHA (fitted heads) vs GQA uptraining",
+    ("vha_fit_warm_kd", "gqa_uptrain_kd",
+     "after warm-up, distillation: VHA (fitted heads) vs GQA uptraining",
      "val_loss"),
     ("vha_fit_warm_kd_long", "gqa_uptrain_kd_long", "long warm-up, distillation: VHA (fitted "
                                                     "heads) vs GQA uptraining",

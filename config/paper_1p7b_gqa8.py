@@ -18,13 +18,12 @@ beta1 = 0.9
 beta2 = 0.95
 weight_decay = 0.1
 grad_clip = 1.0
-# One 80 GB GPU, bf16 autocast: fp32 weights + grads + two AdamW moments = 16 B/param = 27.6 GB for
-# GQA-8's 1.72B params (25.2 GB for VHA's 1.58B), + 3.4 GB of bf16 weight copies. Autograd keeps
-# about 4.0 MiB per token here (3.75 for VHA): ~110-120 KiB per layer x 28 + 0.6 MiB for the
-# 151,936-wide fp32 log-softmax; measured on CPU with torch.autograd.graph.saved_tensors_hooks at
-# T=256/512 (flash-style SDPA: nothing grows with T^2). So one 4,096-token row keeps ~16 GiB, and
-# batch 16 (~256 GiB) cannot fit. Micro-batch 1 peaks near 27.6 + 3.4 + 17 + ~5 (the logits'
-# gradient) = ~53 GB; 2 rows would be ~75 GB: too close to 80 to promise. Not measured on a GPU. The
-# global batch stays 16 rows x 4,096 = 65,536 tokens per iteration:
+# One 80 GB GPU, bf16 autocast: fp32 weights + grads + two AdamW moments = 16 B/param = 27.6 GB for GQA-8's 1.72B
+# params (25.2 GB for VHA's 1.58B), + 3.4 GB of bf16 weight copies. Autograd keeps about 4.0 MiB per token here
+# (3.75 for VHA): ~110-120 KiB per layer x 28 + 0.6 MiB for the 151,936-wide fp32 log-softmax; measured on CPU
+# with torch.autograd.graph.saved_tensors_hooks at T=256/512 (flash-style SDPA: nothing grows with T^2).
+# So one 4,096-token row keeps ~16 GiB, and batch 16 (~256 GiB) cannot fit. Micro-batch 1 peaks near
+# 27.6 + 3.4 + 17 + ~5 (the logits' gradient) = ~53 GB; 2 rows would be ~75 GB: too close to 80 to promise.
+# Not measured on a GPU. The global batch stays 16 rows x 4,096 = 65,536 tokens per iteration:
 batch_size = 1
 gradient_accumulation_steps = 16

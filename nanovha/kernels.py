@@ -44,7 +44,8 @@ CACHE_BLOCK = 64  # KV caches hold whole blocks of this many positions (see spli
 
 @torch.compiler.assume_constant_result
 def cpu_threads():
-    """torch's CPU thread count, a constant to torch.compile (a compiled step is built for one count)."""
+    """torch's CPU thread count, a constant to torch.compile (a compiled step is built for one
+    count)."""
     return torch.get_num_threads()
 
 

@@ -104,13 +104,14 @@ def contradictions(c, kept, keys):
 
 
 def tokenizer_fix(meta, data_meta):
-    """The fix that goes with a vocab mismatch of a checkpoint against char data: a small Hugging Face vocabulary is
-    a char-level nanoVHA model exported to Hugging Face, whose own run is the place to start from; otherwise
-    the Hugging Face recipe (TOKENIZER_FIX)."""
+    """The fix that goes with a vocab mismatch of a checkpoint against char data: a small Hugging
+    Face vocabulary is a char-level nanoVHA model exported to Hugging Face, whose own run is the
+    place to start from; otherwise the Hugging Face recipe (TOKENIZER_FIX)."""
     exported_char = (meta or {}).get("tokenizer") == "hf" and (meta or {}).get("vocab_size", 1 << 20) <= 1024
     if exported_char and (data_meta or {}).get("tokenizer") == "char":
         return ("it looks exported from a char-level nanoVHA run: start from that run's checkpoint "
-                "(--init_from=RUN/ckpt.pt), or prepare text with its tokenizer (data/text/prepare.py "
+                "(--init_from=RUN/ckpt.pt), or prepare text with its tokenizer "
+                "(data/text/prepare.py "
                 "--tokenizer=hf --hf_tokenizer=FOLDER)")
     return TOKENIZER_FIX
 

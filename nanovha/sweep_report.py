@@ -1,6 +1,6 @@
 """
-The recall sweep's report sections (sweep.py report): paired comparisons of the variants seed by seed, how they
-change between points, success rates; each a list of Markdown lines.
+The recall sweep's report sections (sweep.py report): paired comparisons of the variants seed by
+seed, how they change between points, success rates; each a list of Markdown lines.
 """
 import numpy as np
 
@@ -8,8 +8,9 @@ from nanovha.experiments import clopper_pearson, fmt_paired, mcnemar, mde, paire
 
 
 def paired_line(A, B, key, scale, digits, tested=True):
-    """Paired a - b of one measure over shared seeds, formatted, with its MDE: the difference these seeds detect with
-    80% power at 5% (experiments.mde, (t_crit + t_80) x SE). tested=False: the mean alone, no test."""
+    """Paired a - b of one measure over shared seeds, formatted, with its MDE: the difference
+    these seeds detect with 80% power at 5% (experiments.mde, (t_crit + t_80) x SE).
+    tested=False: the mean alone, no test."""
     stat = paired({s: r[key] for s, r in A.items()}, {s: r[key] for s, r in B.items()})
     if not tested:
         return f"{stat[1] * scale:+.{digits}f} (n={stat[0]}, not tested)", "-"
@@ -18,14 +19,15 @@ def paired_line(A, B, key, scale, digits, tested=True):
 
 
 def primary_section(at, point, pairs):
-    """A plan's comparisons of AUC at one point, every shared seed (a run that never learned included)."""
+    """A plan's comparisons of AUC at one point, every shared seed (a run that never learned
+    included)."""
     values = {pair: tuple({s: r["auc"] for s, r in at(point, v).items()} for v in pair) for pair in pairs}
     return primary_lines(values, f"AUC (points) at {point}", 100, 2)
 
 
 def paired_section(at, points, th, primary, comparisons):
-    """sweep.md's paired comparisons of the (a, b) pairs in comparisons: at(point, variant) -> {seed: result}; th:
-    the success threshold."""
+    """sweep.md's paired comparisons of the (a, b) pairs in comparisons: at(point, variant) ->
+    {seed: result}; th: the success threshold."""
     lines = ["## Paired comparisons" + (" (exploratory)" if primary else ""), "",
              "Δ = first minus second over the seeds both ran, mean ± SE (|t| in SE, n seeds). "
              "**Bold**: the paired "
@@ -61,8 +63,9 @@ def paired_section(at, points, th, primary, comparisons):
 
 
 def change_section(at, points, comparisons):
-    """How each comparison's AUC difference changes from the first point to each other one, paired over the seeds
-    that ran all four cells: (a - b at point k) - (a - b at the first point). Exploratory (not planned here)."""
+    """How each comparison's AUC difference changes from the first point to each other one,
+    paired over the seeds that ran all four cells: (a - b at point k) - (a - b at the first
+    point). Exploratory (not planned here)."""
     lines = ["## How each comparison changes between points (exploratory)", "",
              f"Δ AUC (points) of first minus second at each point, and its change from {points[0]}: "
              "(Δ at the point) - (Δ at the first point) per seed, mean ± SE over the seeds that ran both variants "
@@ -89,7 +92,8 @@ def signed(values):
 
 
 def success_rate(runs, th):
-    """'k/n (lo-hi%)': runs reaching th, with the exact (Clopper-Pearson) 95% interval of the rate."""
+    """'k/n (lo-hi%)': runs reaching th, with the exact (Clopper-Pearson) 95% interval of the
+    rate."""
     k, n = sum(r["acc"] >= th for r in runs), len(runs)
     lo, hi = clopper_pearson(k, n)
     return f"{k}/{n} ({lo:.0%}-{hi:.0%})"
