@@ -44,16 +44,15 @@ CACHE_BLOCK = 64  # KV caches hold whole blocks of this many positions (see spli
 
 @torch.compiler.assume_constant_result
 def cpu_threads():
-    """torch's CPU thread count, a constant to torch.compile (a compiled step is built for one
-    count)."""
+    """torch's CPU thread count, a constant to torch.compile (a step is compiled for one count)."""
     return torch.get_num_threads()
 
 
 def split_kv_attention(q, k, v, visible, scale=None, splits=None):
-    """One-token decode over a static cache, flash-decoding style: q (B, H_kv, G, d) holds each
-    KV head's G query heads as query rows; k (B, H_kv, T, d), v (B, H_kv, T, d_v); visible (T,)
-    the positions written.
-    -> (B, H_kv, G, d_v). A CPU SDPA call works on one (batch, head) per thread, so with fewer KV heads than threads
+    """One-token decode over a static cache, flash-decoding style -> (B, H_kv, G, d_v).
+    q (B, H_kv, G, d): each KV head's G query heads as query rows; k (B, H_kv, T, d),
+    v (B, H_kv, T, d_v); visible (T,): the positions written.
+    A CPU SDPA call works on one (batch, head) per thread, so with fewer KV heads than threads
     (MQA, MFA, MLA's latent) the cache is cut into S chunks along T, each attended on its own,
     and the chunks' outputs are merged by their log-sum-exps: out = sum_s softmax_s(lse_s) out_s
     (exact, up to rounding). splits=None: as many chunks as idle threads; the tests set it."""
