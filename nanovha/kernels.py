@@ -58,10 +58,11 @@ def split_kv_attention(q, k, v, visible, scale=None, splits=None):
     (exact, up to rounding). splits=None: as many chunks as idle threads; the tests set it."""
     B, H_kv, G, d = q.shape
     T = k.size(2)
-    if q.device.type != "cpu":  # a GPU runs many heads' blocks at once: no split needed
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None], scale=scale)
-    S = cpu_threads() // (B * H_kv) if splits is None else splits
-    S = 1 << (min(S, CACHE_BLOCK).bit_length() - 1) if S >= 1 else 1  # a power of 2
+    if q.device.type != "cpu":  # a GPU runs many heads' blocks at once: no split
+        S = 1
+    else:
+        S = cpu_threads() // (B * H_kv) if splits is None else splits
+        S = 1 << (min(S, CACHE_BLOCK).bit_length() - 1) if S >= 1 else 1  # a power of 2
     if S < 2 or T % S or v.size(-1) != d:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None], scale=scale)
     n = T // S
