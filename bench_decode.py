@@ -18,6 +18,7 @@ llama.cpp in the same rounds. The last stdout line is one JSON object with every
 import copy
 import itertools
 import json
+import math
 import statistics
 import sys
 import time
@@ -29,14 +30,15 @@ from nanovha import llamacpp
 from nanovha.compiled_decode import compiled_decode, default_folder
 from nanovha.config import DTYPES, at_least, flat_defaults, need, settings, stop_if
 from nanovha.costs import kv_bytes_per_token
-from nanovha.kernels import decode_attention, sdpa, use_decode_layout
+from nanovha.kernels import (DECODE_KERNELS, cache_zeros, decode_attention, decode_kernel_for, sdpa,
+                             use_decode_layout)
 from nanovha.hardware import choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, matmul_peak
 from nanovha.hardware import interleaved as interleaved_on, memory_problem, print_table, timed as timed_on
 from nanovha.decode_plot import plot_decode
 from nanovha.decode_targets import check_targets, llama_ratios
 from nanovha.loading import load_model, start_path
 from nanovha.outputs import figure_problem
-from nanovha.plan import decode_plan, random_context
+from nanovha.plan import attention_kernel as plan_attention, decode_plan, random_context
 from nanovha.variants import GQA_N, overrides
 
 # -----------------------------------------------------------------------------
@@ -72,6 +74,8 @@ dtype = "auto"  # weights and cache. auto: CUDA bf16; a CPU plans on vha_folded 
 compile = "auto"
 eager = True  # with a compiled step: also time every variant eagerly, in the same rounds
 compile_autotune = True  # aot: inductor's C++ GEMM templates tuned per shape (faster steps, a longer build)
+# aot: the compiled step's one-token attention. auto: SDPA or ours, timed per variant (nanovha/plan.py); sdpa; nanovha
+attention_kernel = "auto"
 compile_cache = ""  # where AOTInductor packages are kept ("": $NANOVHA_CACHE/compiled, ~/.cache/nanovha/compiled)
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
@@ -80,9 +84,11 @@ LIMITS = {**{k: at_least(1) for k in ("decode_steps", "prefill_repeats", "block_
                                      "n_layer", "n_embd", "head_dim", "n_head", "vocab_size", "vha_kv_head",
                                      "batch_size", "prefill_max")},
           "warmup": at_least(0), "dtype": DTYPES, "decode_impl": ("auto", "grouped", "sdpa"),
-          "compile": ("auto", "aot", "graphs", "off"), "weight_layout": ("out_in", "in_out")}
+          "compile": ("auto", "aot", "graphs", "off"), "weight_layout": ("out_in", "in_out"),
+          "attention_kernel": ("auto", *DECODE_KERNELS)}
 globals().update(settings(flat_defaults(globals()), sys.argv[1:], optional={"prefill_max": int}, limits=LIMITS))
 DECODE_VARIANTS = ("mha", "gqa8", "gqa4", "gqa2", "mqa", "vha_folded", "mla", "mfa")  # nanovha/variants.py's names
+kernel_of = {}  # variant -> the attention kernel its compiled step calls (compiled_steps)
 device_type = device.split(":")[0]
 shape = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
              head_dim=head_dim)
@@ -200,22 +206,26 @@ def time_attention(models, ctx, ptdtype, runtime):
     """Median s/token of the one-token attention alone (every layer, no projections, run eagerly
     as `runtime` calls it), over ctx random K/V per layer: the part of a decode step that grows
     with the cache, without the weights it evicts."""
-    fns, rand = {}, lambda *shape: torch.randn(*shape, device=device, dtype=ptdtype)
+    def rand(*shape):  # in the memory a KV cache gets (2 MB pages on a CPU)
+        return cache_zeros(math.prod(shape), ptdtype, torch.device(device)).view(shape).normal_()
+    fns = {}
     for name, model in models.items():
         c = model.cfg
         if c.attn == "mla":  # over the latent rows [c_kv (r) ; the shared RoPE key (d_R)], one "head"
             H, d, r, dR, attn = c.n_head, c.head_dim, c.mla_kv_rank, c.mla_rope_dim, model.blocks[0].attn
-            kv = [rand(batch_size, 1, ctx, r + dR) for _ in range(c.n_layer)]
+            kv = rand(c.n_layer, batch_size, 1, ctx, r + dR)  # every layer's cache in one allocation
             q = (rand(batch_size, H, 1, d), rand(batch_size, H, 1, dR))
-            fns[name] = lambda kv=kv, q=q, attn=attn: [attn.absorbed_attention(*q, x, None) for x in kv]
+            pos = None if runtime == "eager" else torch.tensor([ctx - 1], device=device)
+            fns[name] = lambda kv=kv, q=q, attn=attn, pos=pos: [attn.absorbed_attention(*q, x, pos) for x in kv]
             continue
-        kv = [rand(2, batch_size, c.n_kv_head, ctx, c.head_dim) for _ in range(c.n_layer)]
+        kv = rand(c.n_layer, 2, batch_size, c.n_kv_head, ctx, c.head_dim)
         q = rand(batch_size, c.n_head, 1, c.head_dim)
         pos = ctx if runtime == "eager" else torch.tensor([ctx - 1], device=device)  # static: compiled's path
         if runtime != "eager" or decode_impl == "grouped":
             fns[name] = lambda kv=kv, q=q, pos=pos: [decode_attention(q, k, v, pos) for k, v in kv]
         else:
             fns[name] = lambda kv=kv, q=q: [sdpa(q, k, v) for k, v in kv]  # as the model calls it
+    fns = {name: decode_kernel_for(kernel_of.get(name, "sdpa"))(fn) for name, fn in fns.items()}  # as its step does
     with torch.inference_mode():
         return interleaved(fns, decode_steps)
 
@@ -227,15 +237,23 @@ def weight_bytes(model):
     return n if model.cfg.tie_embeddings else n - model.embed.weight.numel() * model.embed.weight.element_size()
 
 
-def compiled_steps(models):
+def compiled_steps(models, ctxs, kernel=None):
     """name -> (the compiled one-token step, seconds it took to build or load, whether it was
     built), for the compiled runtime: an AOTInductor package (CPU) or torch.compile with CUDA
-    graphs."""
+    graphs. Fills kernel_of: each variant's attention kernel in its package (`kernel`, else
+    --attention_kernel, planned where auto)."""
     steps, folder = {}, compile_cache or default_folder()
     for name, model in models.items():
+        if compile == "aot" and kernel:
+            kernel_of[name] = kernel
+        elif compile == "aot" and attention_kernel == "auto":
+            kernel_of[name], line = plan_attention(model, folder, (min(ctxs), max(ctxs)), by="bench_decode.py")
+            print(f"{name}: attention {line.split(' on this CPU')[0]}")
+        elif compile == "aot":
+            kernel_of[name] = attention_kernel
         t0 = time.perf_counter()
         if compile == "aot":
-            step = compiled_decode(model, folder, batch_size, autotune=compile_autotune)
+            step = compiled_decode(model, folder, batch_size, autotune=compile_autotune, kernel=kernel_of[name])
             steps[name] = (step, step.seconds, step.built)
         elif compile == "graphs":  # compiled at its first call, timed there
             steps[name] = (torch.compile(model.decode_one_token, fullgraph=True, mode="reduce-overhead"), 0.0, True)
@@ -368,7 +386,9 @@ def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
     runtime = runtimes[0]
     # the same ops at head dim 2, no bandwidth to speak of
     floor = {"op_floor": op_floor_model(ptdtype)}
-    floor_compiled = dict(compiled, **(compiled_steps(floor) if runtime != "eager" else {}))
+    # the folded model's attention kernel
+    kernel = kernel_of.get("vha_folded") or next(iter(kernel_of.values()), "sdpa")
+    floor_compiled = dict(compiled, **(compiled_steps(floor, [1], kernel) if runtime != "eager" else {}))
     floor_s = time_decode(dict(models, **floor), 1, floor_compiled, runners)[0]
     floor_ms = {n: s * 1e3 for (n, r), s in floor_s.items() if r in (runtime, "llama.cpp")}
     attn_s, breakdown = time_attention(models, top, ptdtype, runtime), {}
@@ -450,7 +470,7 @@ def run_decode():
           f"{decode_steps} timed steps "
           f"(+{warmup} warm-up) per variant and runtime, interleaved; prefill (TTFT) timed separately at "
           f"min(context, {prefill_max})")
-    compiled = compiled_steps(models) if compile != "off" else {}
+    compiled = compiled_steps(models, ctxs) if compile != "off" else {}
     rows, first_calls = decode_table(models, ctxs, bw, runners, compiled, ptdtype)
     top = 16384 if 16384 in ctxs else max(ctxs)
     at = {(r["variant"], r["runtime"], r["ctx"]): r for r in rows}

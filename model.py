@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nanovha.kernels import CACHE_BLOCK, decode_attention, sdpa
+from nanovha.kernels import CACHE_BLOCK, decode_attention, kv_memory, sdpa
 from nanovha.paired_init import init_weights
 
 
@@ -62,14 +62,13 @@ def apply_rope(x, cos, sin):
 
 
 class KVCache(nn.Module):
-    """Preallocated cache for one layer: k (B, heads, max_len, k_dim), v (B, heads, max_len, v_dim),
-    the keys and values of the KV heads (MLA keeps its [latent ; RoPE key] rows in k, v empty)."""
+    """One layer's cache, zeroed: k (B, heads, max_len, k_dim), v (B, heads, max_len, v_dim), its part of one
+    allocation for every layer (GPT.setup_cache); MLA keeps its [latent ; RoPE key] rows in k, v empty."""
 
-    def __init__(self, batch_size, heads, max_len, k_dim, v_dim, dtype, device):
+    def __init__(self, k, v):
         super().__init__()
-        shape = (batch_size, heads, max_len)
-        self.register_buffer("k", torch.zeros(*shape, k_dim, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(*shape, v_dim, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("k", k, persistent=False)
+        self.register_buffer("v", v, persistent=False)
 
     def update(self, start, k, v):
         """Writes k, v (B, H_kv, T, hd) at start..; returns the filled prefix for an int start, the
@@ -383,9 +382,9 @@ class GPT(nn.Module):
         up to whole blocks of CACHE_BLOCK positions, which the compiled decode step cuts into chunks."""
         dtype, device = dtype or self.embed.weight.dtype, device or self.embed.weight.device
         max_len = -(-max_len // CACHE_BLOCK) * CACHE_BLOCK  # ceil to a whole number of blocks
-        for block in self.blocks:
-            heads, k_dim, v_dim = block.attn.cache_dims
-            block.attn.kv_cache = KVCache(batch_size, heads, max_len, k_dim, v_dim, dtype, device)
+        dims = [block.attn.cache_dims for block in self.blocks]  # (heads, k_dim, v_dim) per layer
+        for block, (k, v) in zip(self.blocks, kv_memory(batch_size, max_len, dims, dtype, torch.device(device))):
+            block.attn.kv_cache = KVCache(k, v)  # (B, heads, max_len, k_dim), (B, heads, max_len, v_dim)
 
     @torch.no_grad()
     def prefill(self, idx):

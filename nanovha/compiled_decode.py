@@ -26,6 +26,7 @@ import warnings
 import torch
 
 from model import CACHE_BLOCK
+from nanovha import decode_kernel, kernels
 from nanovha.hardware import cpu_kind
 
 
@@ -56,25 +57,28 @@ def source_digest(obj):
         return hashlib.sha256(f.read()).hexdigest()[:16]
 
 
-def package_key(model, batch_size, autotune=True):
+def package_key(model, batch_size, autotune=True, kernel="sdpa"):
     """sha256 (hex, 16 characters) of what a package depends on: the weights, the config, the
-    batch size, how it was compiled, the code it was traced from, torch, the CPU as torch sees
-    it, and the thread count (the GEMM template splits the work by it). The weights' memory order
-    (GPT.use_decode_layout) is part of it: the package bakes them in as they are laid out."""
+    batch size, how it was compiled, the attention kernel it calls, the code it was traced from
+    (and our kernel's source), torch, the CPU as torch sees it, and the thread count (the GEMM
+    template splits the work by it). The weights' memory order (GPT.use_decode_layout) is part of
+    it: the package bakes them in as they are laid out."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(str((t.dtype, tuple(t.shape), t.stride())).encode())
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     env = [repr(model.cfg), batch_size, autotune, torch.__version__, cpu_kind(), torch.get_num_threads(),
-           source_digest(type(model)), source_digest(DecodeStep)]
+           source_digest(type(model)), source_digest(type(model.blocks[0].attn)), source_digest(DecodeStep),
+           source_digest(kernels.static_attention), kernel,
+           decode_kernel.source_digest() if kernel == "nanovha" else None]
     h.update(json.dumps(env, default=str).encode())
     return h.hexdigest()[:16]
 
 
-def build(model, path, batch_size=1, autotune=True):
-    """Exports the decode step and compiles it into the AOTInductor package at path (written
-    whole, then renamed)."""
+def build(model, path, batch_size=1, autotune=True, kernel="sdpa"):
+    """Exports the decode step, its one-token attention by `kernel` (kernels.DECODE_KERNELS),
+    and compiles it into the AOTInductor package at path (written whole, then renamed)."""
     caches_before = [block.attn.kv_cache for block in model.blocks]
     # the slots functional_call fills; their length is dynamic
     model.setup_cache(batch_size, 2 * CACHE_BLOCK)
@@ -84,7 +88,7 @@ def build(model, path, batch_size=1, autotune=True):
     token = torch.zeros(batch_size, 1, dtype=torch.long, device=example[0].device)
     pos = torch.tensor([3], device=token.device)
     try:
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), kernels.decode_kernel_for(kernel):
             warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree deprecation notes
             program = torch.export.export(DecodeStep(model).eval(), (token, pos, example),
                                           dynamic_shapes=(None, None, [{2: length}] * len(example)))
@@ -114,16 +118,18 @@ class CompiledDecode:
     long it took to get (the build, or only the load when the package was cached); built: whether
     this call compiled it."""
 
-    def __init__(self, model, path, seconds, built):
-        self.model, self.path, self.seconds, self.built = model, path, seconds, built
+    def __init__(self, model, path, seconds, built, kernel="sdpa"):
+        self.model, self.path, self.seconds, self.built, self.kernel = model, path, seconds, built, kernel
+        if kernel == "nanovha" and decode_kernel.load():  # the package calls our op: it must be registered
+            raise RuntimeError(f"{path} calls our decode kernel, which cannot be built here")
         self.runner = torch._inductor.aoti_load_package(path)
 
     @classmethod
-    def checked(cls, model, path, batch_size):
+    def checked(cls, model, path, batch_size, kernel="sdpa"):
         """The cached package at path, loaded and checked against eager -> the step, or why it
         cannot be used."""
         try:
-            step = cls(model, path, 0.0, False)
+            step = cls(model, path, 0.0, False, kernel)
         except Exception as e:  # truncated, empty or not a package: torch raises many kinds here
             return f"cannot be loaded ({type(e).__name__})"
         try:
@@ -136,29 +142,32 @@ class CompiledDecode:
         return self.runner(token, pos, caches_of(self.model))
 
 
-def package_path(model, folder, batch_size=1, autotune=True):
+def package_path(model, folder, batch_size=1, autotune=True, kernel="sdpa"):
     """Where the model's package is (or would be) kept: folder/decode-<key>.pt2."""
-    return os.path.join(folder, f"decode-{package_key(model, batch_size, autotune)}.pt2")
+    return os.path.join(folder, f"decode-{package_key(model, batch_size, autotune, kernel)}.pt2")
 
 
-def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True):
+def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True, kernel="sdpa"):
     """The model's compiled decode step from folder/decode-<key>.pt2, built there first if it is
-    not cached (None when it is not and build_it is False). A cached package is trusted only once
-    it loads and one step of it matches the model's eager step (package_problem); one that does
-    not is rebuilt, or treated as absent, with a one-line note naming the file."""
-    path = package_path(model, folder, batch_size, autotune)
+    not cached (None when it is not and build_it is False), its attention by `kernel` (the plan's
+    choice: nanovha/plan.py attention_kernel). A cached package is trusted only once it loads and
+    one step of it matches the model's eager step (package_problem); one that does not is
+    rebuilt, or treated as absent, with a one-line note naming the file."""
+    path = package_path(model, folder, batch_size, autotune, kernel)
     t0 = time.perf_counter()
     built = not os.path.exists(path)
     if not built:
-        step = CompiledDecode.checked(model, path, batch_size)
+        step = CompiledDecode.checked(model, path, batch_size, kernel)
         if isinstance(step, str):
             print(f"note: {path}: {step}; " + ("rebuilding it" if build_it else "decoding without it"), file=sys.stderr)
             built = True
     if built and not build_it:
         return None
     if built:
-        build(model, path, batch_size, autotune)
-        step = CompiledDecode(model, path, 0.0, True)
+        if kernel == "nanovha" and decode_kernel.load():
+            raise RuntimeError(f"kernel='nanovha': {decode_kernel.load()}")
+        build(model, path, batch_size, autotune, kernel)
+        step = CompiledDecode(model, path, 0.0, True, kernel)
     step.seconds = time.perf_counter() - t0
     return step
 

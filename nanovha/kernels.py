@@ -4,12 +4,20 @@ The fast paths model.py calls, beside the attention it teaches: the same math al
 Torch only: model.py imports it.
 
     sdpa                       training and prefill: PyTorch's fused attention over grouped heads
-    decode_attention           one decoded token: which of the two below runs
+    decode_attention           one decoded token: which of the ones below runs
     grouped_decode_attention   eager one-token decode: one matmul per KV head, the group's query heads as its rows
-    split_kv_attention         the static (compiled) decode step: SDPA per KV head, the cache cut into chunks when
-                               there are fewer KV heads than threads (flash-decoding)
+    static_attention           the static (compiled) decode step: the kernel chosen for it (decode_kernel_for)
+    split_kv_attention           SDPA per KV head, the cache cut into chunks when there are fewer KV heads than
+                                 threads (flash-decoding)
+    torch.ops.nanovha.decode_attention   or ours (nanovha/csrc/decode_attention.cpp, loaded by
+                                 nanovha/decode_kernel.py): the group as SIMD lanes, for a few query rows
     use_decode_layout(model)   Linear weights stored (in, out): streamed faster by x @ W^T at batch 1 on a CPU
+    kv_memory, cache_zeros     the memory of the KV caches: one allocation, in 2 MB pages on a Linux CPU
 """
+import contextlib
+import math
+import mmap
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -40,6 +48,28 @@ def sdpa(q, k, v, is_causal=False, dropout_p=0.0, expand_kv=None):
 
 
 CACHE_BLOCK = 64  # KV caches hold whole blocks of this many positions (see split_kv_attention)
+
+
+def cache_zeros(numel, dtype, device):
+    """numel zeros (1-D) to hold every layer's KV cache. On a Linux CPU an anonymous mapping with
+    2 MB pages asked for (transparent huge pages): a decode step streams the whole cache, and in
+    4 KB pages every 4 KB of it is a TLB miss and a restart of the hardware prefetcher
+    (docs/benchmarks.md has what it changes)."""
+    nbytes = numel * dtype.itemsize
+    if device.type != "cpu" or not hasattr(mmap, "MADV_HUGEPAGE") or nbytes < (2 << 20):
+        return torch.zeros(numel, dtype=dtype, device=device)
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # zeros, not yet touched
+    memory.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(memory, dtype=torch.uint8).view(dtype)  # the tensor keeps the mapping alive
+
+
+def kv_memory(batch_size, max_len, dims, dtype, device):
+    """[(k, v)] per layer, zeroed, consecutive views of one cache_zeros allocation: dims holds each
+    layer's (heads, k_dim, v_dim); k (B, heads, max_len, k_dim), v (B, heads, max_len, v_dim)."""
+    shapes = [(batch_size, heads, max_len, width) for heads, k_dim, v_dim in dims for width in (k_dim, v_dim)]
+    sizes = [math.prod(shape) for shape in shapes]
+    parts = [part.view(shape) for part, shape in zip(cache_zeros(sum(sizes), dtype, device).split(sizes), shapes)]
+    return list(zip(parts[0::2], parts[1::2]))
 
 
 @torch.compiler.assume_constant_result
@@ -82,6 +112,32 @@ def split_kv_attention(q, k, v, visible, scale=None, splits=None):
     return (out.view(B, H_kv, S, G, d).to(acc) * w).sum(dim=2).to(q.dtype)  # (B, H_kv, G, d)
 
 
+DECODE_KERNELS = ("sdpa", "nanovha")  # the static decode step's candidates, the safe one first
+_decode_kernel = ["sdpa"]
+
+
+@contextlib.contextmanager
+def decode_kernel_for(name):
+    """Within it, the static decode step calls kernel `name` (a compiled step bakes in the one
+    set while it is traced; nanovha/plan.py times the two and picks)."""
+    assert name in DECODE_KERNELS, name
+    _decode_kernel.append(name)
+    try:
+        yield
+    finally:
+        _decode_kernel.pop()
+
+
+def static_attention(q, k, v, start_pos, scale=None):
+    """One decoded token over a static cache: q (B, H_kv, G, d), k (B, H_kv, T, d), v (B, H_kv,
+    T, d_v), positions 0..start_pos written ((1,) tensor) -> (B, H_kv, G, d_v), by the kernel in
+    force (decode_kernel_for)."""
+    if _decode_kernel[-1] == "nanovha" and q.device.type == "cpu":
+        return torch.ops.nanovha.decode_attention(q, k, v, start_pos, scale or q.size(-1) ** -0.5)
+    visible = torch.arange(k.size(2), device=k.device) <= start_pos  # (T,): the positions written
+    return split_kv_attention(q, k, v, visible, scale)
+
+
 def grouped_decode_attention(q, k, v):
     """One-token decode (Tq=1) with one matmul per KV head: reads each cached K/V once, however
     many query heads share it (CPU SDPA with enable_gqa does per-query-head work at Tq=1). q: (B,
@@ -105,11 +161,8 @@ def decode_attention(q, k, v, start_pos):
     if not isinstance(start_pos, torch.Tensor):
         return grouped_decode_attention(q, k, v)
     B, H, _, d = q.shape
-    # (max_len,): the positions written
-    visible = torch.arange(k.size(2), device=k.device) <= start_pos
     qg = q.view(B, k.size(1), H // k.size(1), d)  # (B, H_kv, group, d): heads j = g*group + i
-    # (B, H_kv, group, d) -> (B, H, 1, d)
-    return split_kv_attention(qg, k, v, visible).view(B, H, 1, d)
+    return static_attention(qg, k, v, start_pos).view(B, H, 1, d)  # (B, H_kv, group, d) -> (B, H, 1, d)
 
 
 @torch.no_grad()

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model import ATTENTION, Attention, RMSNorm, apply_rope, check, plain_attention
-from nanovha.kernels import split_kv_attention
+from nanovha.kernels import split_kv_attention, static_attention
 
 
 class MFAttention(Attention):
@@ -125,7 +125,7 @@ class MLAttention(nn.Module):
         # (max_len,): written
         visible = torch.arange(kv.size(2), device=x.device) <= start_pos if static else None
         if T == 1 and start_pos is not None and cfg.mla_decode == "absorb":
-            a = self.absorbed_attention(q_nope, q_rope, kv, visible)
+            a = self.absorbed_attention(q_nope, q_rope, kv, start_pos if static else None)
         else:
             c_kv, k_rope = kv.split([cfg.mla_kv_rank, dR], dim=-1)  # (B, 1, Tk, r), (B, 1, Tk, d_R)
             a = self.naive_attention(q_nope, q_rope, c_kv, k_rope, visible, causal=T > 1)
@@ -149,8 +149,9 @@ class MLAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and visible is None,
                                               dropout_p=self.cfg.dropout if self.training else 0.0)
 
-    def absorbed_attention(self, q_nope, q_rope, kv, visible):
-        """One decoded token, attention over the cached [c_kv ; k_R] rows kv (B, 1, Tk, r + d_R).
+    def absorbed_attention(self, q_nope, q_rope, kv, start_pos):
+        """One decoded token, attention over the cached [c_kv ; k_R] rows kv (B, 1, Tk, r + d_R),
+        start_pos a (1,) tensor (a static cache, written up to it) or None (exactly the past).
         -> (B, H, 1, d)"""
         H, d, r = self.cfg.n_head, self.cfg.head_dim, self.cfg.mla_kv_rank
         W_uk, W_uv = self.kv_up.weight.view(H, 2 * d, r).split([d, d], dim=1)  # (H, d, r) each
@@ -160,11 +161,12 @@ class MLAttention(nn.Module):
         # q . [c_t ; k_R,t] = q_latent . c_t + q_R . k_R,t; the cached row is the value too, of
         # which the first r columns are kept: sum_t p_t c_t. One SDPA reads the cache once for every
         # head (a (B, H, 1, r) query would broadcast the cache to every head, copying it H times)
-        if visible is None:
-            # (Tk,): exactly the past
-            visible = torch.ones(kv.size(2), dtype=torch.bool, device=kv.device)
-        # (B, 1, H, r + d_R)
-        a = split_kv_attention(q, kv, kv, visible, scale=1 / math.sqrt(d + q_rope.size(-1)))
+        scale = 1 / math.sqrt(d + q_rope.size(-1))
+        if start_pos is None:  # exactly the past
+            visible = torch.ones(kv.size(2), dtype=torch.bool, device=kv.device)  # (Tk,)
+            a = split_kv_attention(q, kv, kv, visible, scale=scale)  # (B, 1, H, r + d_R)
+        else:
+            a = static_attention(q, kv, kv, start_pos, scale=scale)  # (B, 1, H, r + d_R)
         a_latent = a[..., :r].transpose(1, 2)  # (B, H, 1, r): sum_t p_t c_t
         return a_latent @ W_uv.transpose(-2, -1)  # (B, H, 1, d): W_uv,h (sum_t p_t c_t)
 

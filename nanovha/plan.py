@@ -5,6 +5,7 @@ command.
 
     plan = decode_plan(model, folder, (16, 512))  # fold.py, sample.py, bench_decode.py: decode from 16 to 512
     plan.dtype, plan.runtime, plan.line           # "float32", "compiled", one line with the figures
+    kernel, line = attention_kernel(model, folder, (1024, 16384))  # the compiled step's attention: SDPA or ours
     dtype, line = train_plan(step, key, folder)   # train.py: float32 against bf16 autocast on the run's own step
 
 How a choice is made (choose): every candidate runs in interleaved rounds, the order rotated each
@@ -38,8 +39,9 @@ import time
 
 import torch
 
-from nanovha.kernels import use_decode_layout
+from nanovha import decode_kernel
 from nanovha.hardware import cpu_bf16_support, cpu_kind
+from nanovha.kernels import DECODE_KERNELS, decode_kernel_for, static_attention, use_decode_layout
 
 MARGIN = 0.05  # a candidate is beaten when the fastest is more than 5% faster
 # the margin when other processes were busy: only a large gap leaves the safe choice then
@@ -217,6 +219,59 @@ def train_plan(step, key_parts, folder, replan=False, clock=time.perf_counter, b
     return chosen, describe(dict(job, fresh=True), chosen, "step") + (f"; {note}" if note else "")
 
 
+# ---- the compiled step's attention: SDPA or our kernel, timed on the model's own attention
+def attention_calls(model, ctx):
+    """{kernel: a call of the one-token attention of every layer over ctx cached positions}, at
+    the model's shape and dtype, over the model's own cache (random K/V; drop it after)."""
+    heads, k_dim, v_dim = model.blocks[0].attn.cache_dims
+    group, dtype = model.cfg.n_head // heads, model.embed.weight.dtype
+    random_context(model, ctx, ctx + 16)
+    layers = []
+    for block in model.blocks:
+        k, v = block.attn.kv_cache.k, block.attn.kv_cache.v
+        layers.append((torch.randn(1, heads, group, k_dim, dtype=dtype), k, v if v_dim else k))  # MLA: k holds both
+    pos = torch.tensor([ctx - 1])
+
+    def call(kernel):
+        with torch.inference_mode(), decode_kernel_for(kernel):
+            return [static_attention(q, k, v, pos) for q, k, v in layers]
+    return {kernel: (lambda kernel=kernel: call(kernel)) for kernel in DECODE_KERNELS}
+
+
+def attention_kernel(model, folder, contexts, replan=False, clock=time.perf_counter, by="sample.py"):
+    """-> (kernel, one line): which attention the model's compiled decode step calls on this CPU,
+    SDPA or ours (nanovha/decode_kernel.py), timed on its attention alone at both contexts (as
+    decode_plan times steps), kept in the plan file. SDPA where ours cannot be built or the model
+    is not on the CPU."""
+    if model.embed.weight.device.type != "cpu":
+        return "sdpa", "sdpa (not a CPU)"
+    problem = decode_kernel.load()
+    if problem:
+        return "sdpa", f"sdpa ({problem})"
+    heads, k_dim, v_dim = model.blocks[0].attn.cache_dims
+    shape = (heads, k_dim, v_dim, model.cfg.n_head // heads, len(model.blocks), str(model.embed.weight.dtype))
+    key = plan_key("attention", shape, DECODE_KERNELS, decode_kernel.source_digest())
+    path = os.path.join(folder, f"plan-{key}.json")
+    job_name = f"{contexts[0]}-{contexts[1]}"
+    jobs = {} if replan else read_plan(path)
+    job, note = jobs.get(job_name), None
+    if not job or job.get("provisional"):
+        stop, per_ctx = others_busy(), []
+        for ctx in contexts:
+            per_ctx.append(measure(attention_calls(model, ctx), clock)[0])
+        for block in model.blocks:
+            block.attn.kv_cache = None
+        times = {n: [a + b for a, b in zip(per_ctx[0][n], per_ctx[1][n])] for n in DECODE_KERNELS}
+        busy = stop()
+        chosen, clear = choose(times, margin_for(busy))
+        how = f"the attention alone, contexts {contexts[0]} and {contexts[1]}, {ROUNDS} interleaved rounds"
+        job = job_record(times, {}, chosen, clear, busy, by, how)
+        note = write_plan(path, dict(kind="attention", shape=repr(shape), machine=cpu_kind(),
+                                     torch=torch.__version__), dict(jobs, **{job_name: job}))
+        job = dict(job, fresh=True)
+    return job["chosen"], describe(job, job["chosen"], "token") + (f"; {note}" if note else "")
+
+
 # ---- decode: {compiled, eager} x {float32, bf16 where native} at both ends of the contexts a command reaches
 def candidates(dtypes):
     """Decode candidates in safety order: the dtypes' order (float32 first), the compiled step
@@ -275,7 +330,8 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
     native = ["float32", "bfloat16"] if cpu_bf16_support()[0] else ["float32"]
     everything = candidates(dtypes or native)
     names = [n for n in everything if n.split()[0] in runtimes]
-    path = os.path.join(folder, f"plan-{plan_key('decode', repr(model.cfg), everything)}.json")
+    key = plan_key("decode", repr(model.cfg), everything, decode_kernel.source_digest())
+    path = os.path.join(folder, f"plan-{key}.json")
     job_name = f"{contexts[0]}-{contexts[1]}"
     jobs = {} if replan else read_plan(path)
     models = {}
@@ -285,14 +341,20 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
         if d not in models:
             models[d] = use_decode_layout(copy.deepcopy(model).to(getattr(torch, d)).eval())
         return models[d]
+    kernels = {}  # dtype -> (the compiled step's attention kernel, its line)
+
+    def kernel(d):
+        if d not in kernels:
+            kernels[d] = attention_kernel(prepared(d), folder, contexts, replan, clock, by)
+        return kernels[d][0]
     available = [n for n in names if n.startswith("eager") or build
-                 or os.path.exists(package_path(prepared(n.split()[1]), folder))]
+                 or os.path.exists(package_path(prepared(n.split()[1]), folder, kernel=kernel(n.split()[1])))]
     job = jobs.get(job_name)
     if job and not job.get("provisional") and set(available) <= set(job.get("rounds", {})):
         note, steps = None, {}
     else:
-        steps = {n.split()[1]: compiled_decode(prepared(n.split()[1]), folder) for n in available
-                 if n.startswith("compiled")}
+        steps = {n.split()[1]: compiled_decode(prepared(n.split()[1]), folder, kernel=kernel(n.split()[1]))
+                 for n in available if n.startswith("compiled")}
         job = measure_decode({n.split()[1]: prepared(n.split()[1]) for n in available}, steps, available, contexts,
                              clock, by)
         note = write_plan(path, dict(kind="decode", shape=repr(model.cfg), machine=cpu_kind(),
@@ -301,10 +363,11 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
     times = {n: job["rounds"][n] for n in available}
     chosen = job["chosen"] if job["chosen"] in available else choose(times)[0]
     runtime, dtype = chosen.split()
-    step = None
+    step, attention = None, ""
     if runtime == "compiled":
-        step = steps.get(dtype) or compiled_decode(prepared(dtype), folder)
-    line = describe(job, chosen, "token", available) + (f"; {note}" if note else "")
+        step = steps.get(dtype) or compiled_decode(prepared(dtype), folder, kernel=kernel(dtype))
+        attention = f"; its attention: {kernels[dtype][1]}"
+    line = describe(job, chosen, "token", available) + (f"; {note}" if note else "") + attention
     return DecodePlan(dtype, runtime, prepared(dtype), step, line)
 
 

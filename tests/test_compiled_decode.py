@@ -3,11 +3,13 @@ at any cache length from one package, found again by its key and only by its key
 their break-even; fold.py building the package that sample.py then loads, with the same greedy text."""
 import copy
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from conftest import run
+from conftest import ROOT, run
 from model import fold_to_gqa
 from nanovha.compiled_decode import compiled_decode, package_key
 from nanovha.kernels import use_decode_layout
@@ -42,8 +44,9 @@ def test_the_key_names_what_the_package_depends_on():
     finally:
         torch.set_num_threads(threads)
     keys = {key, package_key(other, 1), package_key(plain_layout, 1), package_key(model, 2), more_threads,
-            package_key(model, 1, autotune=False), package_key(copy.deepcopy(model).double(), 1)}
-    assert len(keys) == 7
+            package_key(model, 1, autotune=False), package_key(copy.deepcopy(model).double(), 1),
+            package_key(model, 1, kernel="nanovha")}
+    assert len(keys) == 8
 
 
 @pytest.mark.slow  # one AOTInductor build of a tiny model: ~20 s
@@ -79,6 +82,32 @@ def test_compiled_step_equals_eager_decode_at_any_cache_length(tmp_path):
             f.write(bad)
         assert compiled_decode(other, str(tmp_path), autotune=False, build_it=False) is None
     assert compiled_decode(model, str(tmp_path), autotune=False, build_it=False) is not None  # the right one stays
+
+
+@pytest.mark.slow  # one AOTInductor build of a tiny model: ~20 s
+def test_a_package_calling_our_kernel_equals_eager_decode_in_a_fresh_process(tmp_path):
+    """kernel="nanovha": the package calls torch.ops.nanovha.decode_attention; loading it registers the op first,
+    in this process and in a new one (which has not built or loaded anything yet)."""
+    model = folded_model()
+    step = compiled_decode(model, str(tmp_path), autotune=False, kernel="nanovha")
+    assert step.built and step.kernel == "nanovha"
+    x = torch.randint(40, (1, 20), generator=torch.Generator().manual_seed(2))
+    eager = copy.deepcopy(model)
+    with torch.inference_mode():
+        for m in (model, eager):
+            m.setup_cache(1, 20)
+            m.prefill(x[:, :8])
+        for pos in range(8, 20):
+            want = eager.decode_one_token(x[:, pos:pos + 1], pos)
+            assert (step(x[:, pos:pos + 1], torch.tensor([pos])) - want).abs().max() <= 1e-5 * want.abs().max()
+    torch.save(model, os.path.join(tmp_path, "model.pt"))
+    code = (f"import torch; from nanovha.compiled_decode import compiled_decode; "
+            f"m = torch.load({os.path.join(str(tmp_path), 'model.pt')!r}, weights_only=False); "
+            f"s = compiled_decode(m, {str(tmp_path)!r}, autotune=False, build_it=False, kernel='nanovha'); "
+            f"print('LOADED' if s is not None and not s.built else 'MISSING')")
+    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))  # the thread count is in the key
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert "LOADED" in out.stdout, out.stderr
 
 
 @pytest.mark.slow  # two AOTInductor builds of tiny models: ~1 min

@@ -168,7 +168,7 @@ def test_the_root_holds_what_you_run_and_the_package_what_they_import():
     for path in python_files():
         if path.startswith(("nanovha", "data")):
             assert not imports_of(path) & commands, f"{path} imports a command"
-    stdlib = {"math", "zlib", "dataclasses", "typing"}
+    stdlib = {"math", "zlib", "dataclasses", "typing", "contextlib", "mmap"}
     assert imports_of("model.py") <= stdlib | {"torch", "nanovha"}, imports_of("model.py")
     assert {m for m in modules_of("model.py") if m.startswith("nanovha")} <= MODEL_HELPERS, modules_of("model.py")
     for helper in MODEL_HELPERS:

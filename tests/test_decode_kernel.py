@@ -1,0 +1,139 @@
+"""Our one-token CPU attention kernel (nanovha/csrc/decode_attention.cpp): the same numbers as one softmax over the
+written positions, in float64 to rounding, in float32 and bf16 to their precision, whichever compiled-in shape or
+scalar path runs and however the cache is cut among threads; never a read past the position; the static decode step
+through it equal to the uncached forward; the plan that picks it; the KV memory it streams."""
+import os
+
+import pytest
+import torch
+
+from nanovha import decode_kernel, plan
+from nanovha.kernels import decode_kernel_for, kv_memory, static_attention
+from test_mla_mfa import MFA, MLA, decode_all
+from test_model import make
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built():
+    assert decode_kernel.load() is None  # CI has a C++ compiler and ninja: the kernel must build
+    return True
+
+
+def reference(q, k, v, pos, scale):
+    """softmax(q k^T * scale) v over positions 0..pos, in float64."""
+    n = pos + 1
+    scores = q.double() @ k[:, :, :n].double().transpose(-2, -1) * scale
+    return scores.softmax(dim=-1) @ v[:, :, :n].double()
+
+
+# (B, H_kv, G, D, D_v, T, pos, dtype, tolerance relative to the largest output): the compiled-in shapes (groups of
+# 4/8/16, rows of 16-128), the scalar path (any other shape, and float64), chunks merged (T past 512), and a
+# position far short of the cache
+CASES = {
+    "gqa2_float64": (1, 2, 8, 32, 32, 700, 699, torch.float64, 1e-13),
+    "odd_shape_float64": (2, 3, 5, 24, 20, 600, 333, torch.float64, 1e-13),
+    "gqa2_float32": (1, 2, 8, 32, 32, 1500, 1499, torch.float32, 2e-6),
+    "mqa_float32": (1, 1, 16, 64, 64, 3000, 2950, torch.float32, 2e-6),
+    "demo_float32": (1, 2, 4, 16, 16, 300, 299, torch.float32, 2e-6),
+    "odd_shape_float32": (1, 2, 5, 24, 24, 900, 700, torch.float32, 2e-6),
+    "one_position_float32": (1, 2, 8, 128, 128, 640, 0, torch.float32, 2e-6),
+    "gqa2_bf16": (1, 2, 8, 32, 32, 1500, 1499, torch.bfloat16, 1e-2),
+    "mfa_bf16": (1, 1, 16, 64, 64, 2000, 1200, torch.bfloat16, 1e-2),
+    "gqa8_bf16_scalar_path": (1, 8, 2, 32, 32, 700, 699, torch.bfloat16, 1e-2),
+}
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_the_kernel_is_one_softmax_over_the_written_positions(case, threads):
+    B, H, G, D, DV, T, pos, dtype, tol = case
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, *shape, generator=g).to(dtype) for shape in ((G, D), (T, D), (T, DV)))
+    k[:, :, pos + 1:], v[:, :, pos + 1:] = float("nan"), float("inf")  # never read: they would poison the output
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # 4 threads on one or two KV heads: the cache cut into chunks, then merged
+    try:
+        got = torch.ops.nanovha.decode_attention(q, k, v, torch.tensor([pos]), D ** -0.5)
+    finally:
+        torch.set_num_threads(before)
+    want = reference(q, k, v, pos, D ** -0.5)
+    assert got.dtype == dtype and got.shape == (B, H, G, DV)
+    assert (got.double() - want).abs().max() <= tol * want.abs().max()
+
+
+def test_mla_rows_serve_as_keys_and_values_through_a_strided_view():
+    """MLA's latent rows are the keys, and their first r columns the values: a view with the row stride of k."""
+    g = torch.Generator().manual_seed(1)
+    q, rows = torch.randn(1, 1, 16, 128, generator=g), torch.randn(1, 1, 900, 128, generator=g)
+    got = torch.ops.nanovha.decode_attention(q, rows, rows[..., :112], torch.tensor([899]), 0.1)
+    want = reference(q, rows, rows[..., :112], 899, 0.1)
+    assert got.shape == (1, 1, 16, 112) and (got.double() - want).abs().max() <= 2e-6 * want.abs().max()
+
+
+WIDE = dict(n_embd=256, n_head=16)  # heads of 16: the compiled-in float paths (float64 takes the scalar one)
+
+
+@pytest.mark.parametrize("kw", [dict(WIDE, n_kv_head=2), dict(WIDE, n_kv_head=1), dict(MLA, n_head=8), MFA],
+                         ids=["gqa", "mqa", "mla", "mfa"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_static_decode_through_the_kernel_equals_the_uncached_forward(kw, dtype):
+    """The compiled step's path with our kernel in force: every position's logits as the full forward gives them."""
+    model = make(dtype=dtype, **kw)
+    x = torch.randint(0, 41, (2, 14), generator=torch.Generator().manual_seed(1))
+    full = model(x)[0]
+    with decode_kernel_for("nanovha"):
+        got = decode_all(model, x, 5, static=True)
+    assert (got - full[:, 4:]).abs().max() < (1e-12 if dtype == torch.float64 else 1e-4)
+
+
+def test_static_attention_follows_the_kernel_in_force(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.ops.nanovha, "decode_attention", lambda *a: calls.append(a) or a[0])
+    q, k = torch.randn(1, 1, 4, 16), torch.randn(1, 1, 64, 16)
+    static_attention(q, k, k, torch.tensor([3]))
+    assert not calls  # SDPA unless a kernel is set
+    with decode_kernel_for("nanovha"):
+        static_attention(q, k, k, torch.tensor([3]))
+    assert len(calls) == 1 and calls[0][-1] == 16 ** -0.5
+
+
+def test_kv_memory_is_one_zeroed_allocation_in_views():
+    dims = [(2, 16, 16), (1, 40, 0), (2, 16, 16)]
+    parts = kv_memory(1, 20_000, dims, torch.bfloat16, torch.device("cpu"))  # 2.6 MB: the 2 MB-page path
+    assert [(k.shape, v.shape) for k, v in parts] == [((1, h, 20_000, kd), (1, h, 20_000, vd)) for h, kd, vd in dims]
+    base = parts[0][0].untyped_storage().data_ptr()
+    assert all(t.untyped_storage().data_ptr() == base for kv in parts for t in kv)  # one allocation
+    assert all(t.count_nonzero() == 0 for kv in parts for t in kv)
+    parts[0][1].fill_(1)  # the views do not overlap
+    assert parts[0][0].count_nonzero() == 0 and parts[1][0].count_nonzero() == 0
+
+
+@pytest.mark.parametrize("faster, picked", [("nanovha", "nanovha"), ("sdpa", "sdpa"), (None, "sdpa")],
+                         ids=["ours_faster", "sdpa_faster", "a_tie_keeps_sdpa"])
+def test_the_plan_times_both_kernels_and_keeps_the_choice(tmp_path, monkeypatch, faster, picked):
+    """attention_kernel times SDPA and ours on the model's own attention: a clear winner is taken, a tie keeps
+    SDPA, and the choice is read back from the plan file without timing again."""
+    now, real = [0.0], plan.attention_calls
+    cost = {k: 2e-3 if faster and k != faster else 1e-3 for k in ("sdpa", "nanovha")}
+
+    def calls(model, ctx):  # the real calls, under a clock that each one advances by its kernel's cost
+        fns = real(model, ctx)
+
+        def timed(kernel):
+            fns[kernel]()
+            now[0] += cost[kernel]
+        return {kernel: (lambda kernel=kernel: timed(kernel)) for kernel in fns}
+    monkeypatch.setattr(plan, "attention_calls", calls)
+    monkeypatch.setattr(plan, "MIN_S", 0.005)
+    monkeypatch.setattr(plan, "others_busy", lambda read=None: (lambda: 0.0))  # quiet, whatever runs beside
+    model = make(dtype=torch.float32, n_head=8, n_kv_head=2)
+    kernel, line = plan.attention_kernel(model, str(tmp_path), (16, 64), clock=lambda: now[0])
+    assert kernel == picked and "measured now" in line and model.blocks[0].attn.kv_cache is None
+    monkeypatch.setattr(plan, "attention_calls", lambda *a: pytest.fail("timed again"))
+    assert plan.attention_kernel(model, str(tmp_path), (16, 64))[0] == picked
+
+
+def test_without_a_compiler_the_plan_keeps_sdpa(tmp_path, monkeypatch):
+    monkeypatch.setattr(decode_kernel, "load", lambda: "our decode kernel could not be built here (no g++)")
+    kernel, line = plan.attention_kernel(make(dtype=torch.float32, n_head=8), str(tmp_path), (16, 64))
+    assert kernel == "sdpa" and "could not be built" in line and not os.listdir(tmp_path)
