@@ -39,6 +39,9 @@ CASES = {
     "one_position_float32": (1, 2, 8, 128, 128, 640, 0, torch.float32, 2e-6),
     "gqa2_bf16": (1, 2, 8, 32, 32, 1500, 1499, torch.bfloat16, 1e-2),
     "mfa_bf16": (1, 1, 16, 64, 64, 2000, 1200, torch.bfloat16, 1e-2),
+    "mqa_bf16": (1, 1, 16, 32, 32, 3000, 2950, torch.bfloat16, 1e-2),
+    "mla_rows_bf16": (1, 1, 16, 128, 128, 1100, 1000, torch.bfloat16, 1e-2),
+    "short_bf16": (2, 1, 16, 32, 32, 64, 20, torch.bfloat16, 1e-2),
     "gqa8_bf16_scalar_path": (1, 8, 2, 32, 32, 700, 699, torch.bfloat16, 1e-2),
 }
 
