@@ -345,7 +345,11 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
 
     def kernel(d):
         if d not in kernels:
-            kernels[d] = attention_kernel(prepared(d), folder, contexts, replan, clock, by)
+            chosen, line = attention_kernel(prepared(d), folder, contexts, replan, clock, by)
+            have = [k for k in (chosen, *DECODE_KERNELS) if os.path.exists(package_path(prepared(d), folder, kernel=k))]
+            if not build and have and have[0] != chosen:  # a package an earlier plan built beats none
+                chosen, line = have[0], f"{have[0]}, the package at hand (a new plan picks {line})"
+            kernels[d] = chosen, line
         return kernels[d][0]
     available = [n for n in names if n.startswith("eager") or build
                  or os.path.exists(package_path(prepared(n.split()[1]), folder, kernel=kernel(n.split()[1])))]

@@ -140,3 +140,23 @@ def test_without_a_compiler_the_plan_keeps_sdpa(tmp_path, monkeypatch):
     monkeypatch.setattr(decode_kernel, "load", lambda: "our decode kernel could not be built here (no g++)")
     kernel, line = plan.attention_kernel(make(dtype=torch.float32, n_head=8), str(tmp_path), (16, 64))
     assert kernel == "sdpa" and "could not be built" in line and not os.listdir(tmp_path)
+
+
+def test_sample_keeps_the_package_at_hand_when_a_new_plan_picks_the_other_kernel(tmp_path, monkeypatch):
+    """fold.py built the package with one kernel; if sample.py's plan (measured again) now picks the other, it decodes
+    with the package it has rather than dropping to eager."""
+    import copy
+    import nanovha.compiled_decode as cd
+    from nanovha.kernels import use_decode_layout
+    model = make(dtype=torch.float32, n_head=8, n_kv_head=2).eval()
+    deployed = use_decode_layout(copy.deepcopy(model).float().eval())  # what decode_plan prepares for float32
+    open(cd.package_path(deployed, str(tmp_path), kernel="sdpa"), "wb").close()  # built by an earlier plan
+    monkeypatch.setattr(plan, "attention_kernel", lambda *a: ("nanovha", "nanovha: 1 ms/token vs sdpa 2 ms/token"))
+    built = []
+    monkeypatch.setattr(cd, "compiled_decode", lambda m, folder, kernel="sdpa", **k: built.append(kernel) or "step")
+    def measured(models, steps, names, *a):  # compiled is the faster
+        times = {n: [1.0 if n.startswith("compiled") else 2.0] * 5 for n in names}
+        return plan.job_record(times, {}, "compiled float32", True, 0.0, "test", "test")
+    monkeypatch.setattr(plan, "measure_decode", measured)
+    chosen = plan.decode_plan(model, str(tmp_path), (16, 32), dtypes=["float32"])
+    assert chosen.runtime == "compiled" and set(built) == {"sdpa"} and "the package at hand" in chosen.line
