@@ -247,7 +247,7 @@ def compiled_steps(models, ctxs, kernel=None):
         if compile == "aot" and kernel:
             kernel_of[name] = kernel
         elif compile == "aot" and attention_kernel == "auto":
-            kernel_of[name], line = plan_attention(model, folder, (min(ctxs), max(ctxs)), by="bench_decode.py")
+            kernel_of[name], line, _ = plan_attention(model, folder, (min(ctxs), max(ctxs)), by="bench_decode.py")
             print(f"{name}: attention {line.split(' on this CPU')[0]}")
         elif compile == "aot":
             kernel_of[name] = attention_kernel

@@ -164,8 +164,9 @@ def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True, k
     if built and not build_it:
         return None
     if built:
-        if kernel == "nanovha" and decode_kernel.load():
-            raise RuntimeError(f"kernel='nanovha': {decode_kernel.load()}")
+        problem = kernel == "nanovha" and decode_kernel.load()
+        if problem:
+            raise RuntimeError(problem)
         build(model, path, batch_size, autotune, kernel)
         step = CompiledDecode(model, path, 0.0, True, kernel)
     step.seconds = time.perf_counter() - t0

@@ -9,14 +9,15 @@ Why a kernel of our own: PyTorch's CPU flash-attention kernel multiplies a block
 positions by the query rows with a small matrix product per block, sized for many query rows; a
 decoded token has one to sixteen rows per KV head, and there the per-block work, not the memory,
 sets its speed. Ours puts a KV head's G query heads in one SIMD register per cached position, so
-each position costs a few vector multiply-adds and the whole head streams once. It is one
-candidate among two: nanovha/plan.py times it against SDPA on the model's own attention
-(attention_kernel) and a compiled step is built with the faster.
+each position costs a few vector multiply-adds and the whole head streams once; on a CPU with AMX,
+in bf16, both products run as tile multiplies instead. It is one candidate among two:
+nanovha/plan.py times it against SDPA on the model's own attention (attention_kernel) and a
+compiled step is built with the faster.
 
 The build: torch.utils.cpp_extension with -O3 -march=native (the code is for this CPU) and
-OpenMP (at::parallel_for), about 15 s on 2 cores, into a folder keyed by the source, torch and the
-CPU, beside the compiled packages; later runs load the library in milliseconds. A machine without
-a C++ compiler or ninja keeps SDPA and says so once.
+OpenMP (at::parallel_for), 11-12 s on 2 cores, into a folder keyed by the source, torch and the
+CPU, beside the compiled packages; later runs load the library in a tenth of a second. A machine
+without a C++ compiler or ninja keeps SDPA and says so once.
 """
 import hashlib
 import os
@@ -42,11 +43,6 @@ def build_folder():
     root = os.environ.get("NANOVHA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "nanovha")
     key = hashlib.sha256(f"{source_digest()} {torch.__version__} {cpu_kind()} {FLAGS}".encode()).hexdigest()[:16]
     return os.path.join(root, "kernels", key)
-
-
-def registered():
-    """Whether torch.ops.nanovha.decode_attention exists in this process."""
-    return hasattr(torch.ops.nanovha, "decode_attention")
 
 
 def load():

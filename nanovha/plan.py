@@ -5,7 +5,7 @@ command.
 
     plan = decode_plan(model, folder, (16, 512))  # fold.py, sample.py, bench_decode.py: decode from 16 to 512
     plan.dtype, plan.runtime, plan.line           # "float32", "compiled", one line with the figures
-    kernel, line = attention_kernel(model, folder, (1024, 16384))  # the compiled step's attention: SDPA or ours
+    kernel, line, settled = attention_kernel(model, folder, (1024, 16384))  # compiled attention: SDPA or ours
     dtype, line = train_plan(step, key, folder)   # train.py: float32 against bf16 autocast on the run's own step
 
 How a choice is made (choose): every candidate runs in interleaved rounds, the order rotated each
@@ -239,15 +239,16 @@ def attention_calls(model, ctx):
 
 
 def attention_kernel(model, folder, contexts, replan=False, clock=time.perf_counter, by="sample.py"):
-    """-> (kernel, one line): which attention the model's compiled decode step calls on this CPU,
-    SDPA or ours (nanovha/decode_kernel.py), timed on its attention alone at both contexts (as
-    decode_plan times steps), kept in the plan file. SDPA where ours cannot be built or the model
-    is not on the CPU."""
+    """-> (kernel, one line, settled): which attention the model's compiled decode step calls on
+    this CPU, SDPA or ours (nanovha/decode_kernel.py), timed on its attention alone at both
+    contexts (as decode_plan times steps), kept in the plan file. settled: the two were told apart
+    on a quiet machine (a tie or a provisional plan is not worth a new package). SDPA where ours
+    cannot be built or the model is not on the CPU."""
     if model.embed.weight.device.type != "cpu":
-        return "sdpa", "sdpa (not a CPU)"
+        return "sdpa", "sdpa (not a CPU)", True
     problem = decode_kernel.load()
     if problem:
-        return "sdpa", f"sdpa ({problem})"
+        return "sdpa", f"sdpa ({problem})", True
     heads, k_dim, v_dim = model.blocks[0].attn.cache_dims
     shape = (heads, k_dim, v_dim, model.cfg.n_head // heads, len(model.blocks), str(model.embed.weight.dtype))
     key = plan_key("attention", shape, DECODE_KERNELS, decode_kernel.source_digest())
@@ -269,7 +270,8 @@ def attention_kernel(model, folder, contexts, replan=False, clock=time.perf_coun
         note = write_plan(path, dict(kind="attention", shape=repr(shape), machine=cpu_kind(),
                                      torch=torch.__version__), dict(jobs, **{job_name: job}))
         job = dict(job, fresh=True)
-    return job["chosen"], describe(job, job["chosen"], "token") + (f"; {note}" if note else "")
+    line = describe(job, job["chosen"], "token") + (f"; {note}" if note else "")
+    return job["chosen"], line, job["clear"] and not job["provisional"]
 
 
 # ---- decode: {compiled, eager} x {float32, bf16 where native} at both ends of the contexts a command reaches
@@ -345,9 +347,10 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
 
     def kernel(d):
         if d not in kernels:
-            chosen, line = attention_kernel(prepared(d), folder, contexts, replan, clock, by)
+            chosen, line, settled = attention_kernel(prepared(d), folder, contexts, replan, clock, by)
             have = [k for k in (chosen, *DECODE_KERNELS) if os.path.exists(package_path(prepared(d), folder, kernel=k))]
-            if not build and have and have[0] != chosen:  # a package an earlier plan built beats none
+            # a package an earlier plan built beats none, and beats a new one where the kernels tie
+            if have and have[0] != chosen and (not build or not settled):
                 chosen, line = have[0], f"{have[0]}, the package at hand (a new plan picks {line})"
             kernels[d] = chosen, line
         return kernels[d][0]

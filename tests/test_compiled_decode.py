@@ -155,4 +155,5 @@ def test_fold_plans_and_sample_follows_the_plan_with_the_same_text(char_data, tm
     fp32 = [*sample, "--ckpt_name=ckpt_folded.pt", "--dtype=float32"]
     compiled, eager = run(*fp32, "--compile=True", env=env), run(*fp32, "--compile=False", env=env)
     assert "decode compiled: decode-" in compiled.stderr and "decode eager" in eager.stderr
-    assert text(compiled) == text(eager) and packages() == built
+    # nothing built, unless fold.py's kernel plan was made on a busy machine and a quiet one now tells them apart
+    assert text(compiled) == text(eager) and (packages() == built or "PROVISIONAL" in report)

@@ -130,15 +130,16 @@ def test_the_plan_times_both_kernels_and_keeps_the_choice(tmp_path, monkeypatch,
     monkeypatch.setattr(plan, "MIN_S", 0.005)
     monkeypatch.setattr(plan, "others_busy", lambda read=None: (lambda: 0.0))  # quiet, whatever runs beside
     model = make(dtype=torch.float32, n_head=8, n_kv_head=2)
-    kernel, line = plan.attention_kernel(model, str(tmp_path), (16, 64), clock=lambda: now[0])
+    kernel, line, settled = plan.attention_kernel(model, str(tmp_path), (16, 64), clock=lambda: now[0])
     assert kernel == picked and "measured now" in line and model.blocks[0].attn.kv_cache is None
+    assert settled == (faster is not None)  # a tie is not worth a new package
     monkeypatch.setattr(plan, "attention_calls", lambda *a: pytest.fail("timed again"))
     assert plan.attention_kernel(model, str(tmp_path), (16, 64))[0] == picked
 
 
 def test_without_a_compiler_the_plan_keeps_sdpa(tmp_path, monkeypatch):
     monkeypatch.setattr(decode_kernel, "load", lambda: "our decode kernel could not be built here (no g++)")
-    kernel, line = plan.attention_kernel(make(dtype=torch.float32, n_head=8), str(tmp_path), (16, 64))
+    kernel, line, _ = plan.attention_kernel(make(dtype=torch.float32, n_head=8), str(tmp_path), (16, 64))
     assert kernel == "sdpa" and "could not be built" in line and not os.listdir(tmp_path)
 
 
@@ -151,7 +152,7 @@ def test_sample_keeps_the_package_at_hand_when_a_new_plan_picks_the_other_kernel
     model = make(dtype=torch.float32, n_head=8, n_kv_head=2).eval()
     deployed = use_decode_layout(copy.deepcopy(model).float().eval())  # what decode_plan prepares for float32
     open(cd.package_path(deployed, str(tmp_path), kernel="sdpa"), "wb").close()  # built by an earlier plan
-    monkeypatch.setattr(plan, "attention_kernel", lambda *a: ("nanovha", "nanovha: 1 ms/token vs sdpa 2 ms/token"))
+    monkeypatch.setattr(plan, "attention_kernel", lambda *a: ("nanovha", "nanovha: 1 ms/token vs sdpa 2 ms", True))
     built = []
     monkeypatch.setattr(cd, "compiled_decode", lambda m, folder, kernel="sdpa", **k: built.append(kernel) or "step")
     def measured(models, steps, names, *a):  # compiled is the faster
