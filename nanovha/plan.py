@@ -219,6 +219,21 @@ def train_plan(step, key_parts, folder, replan=False, clock=time.perf_counter, b
     return chosen, describe(dict(job, fresh=True), chosen, "step") + (f"; {note}" if note else "")
 
 
+def measure_at(contexts, calls_at, models, clock):
+    """Times the calls calls_at(ctx) makes ({name: fn}) at both contexts -> ({name: [seconds per
+    round, the two contexts summed]}, the cores other processes kept busy meanwhile); the models'
+    caches are dropped after (a generation from the short context to the long one spends about
+    the sum, halved, per token)."""
+    stop, per_ctx = others_busy(), []
+    for ctx in contexts:
+        per_ctx.append(measure(calls_at(ctx), clock)[0])
+    for model in models:
+        for block in model.blocks:
+            block.attn.kv_cache = None
+    times = {n: [a + b for a, b in zip(per_ctx[0][n], per_ctx[1][n])] for n in per_ctx[0]}
+    return times, stop()
+
+
 # ---- the compiled step's attention: SDPA or our kernel, timed on the model's own attention
 def attention_calls(model, ctx):
     """{kernel: a call of the one-token attention of every layer over ctx cached positions}, at
@@ -257,13 +272,7 @@ def attention_kernel(model, folder, contexts, replan=False, clock=time.perf_coun
     jobs = {} if replan else read_plan(path)
     job, note = jobs.get(job_name), None
     if not job or job.get("provisional"):
-        stop, per_ctx = others_busy(), []
-        for ctx in contexts:
-            per_ctx.append(measure(attention_calls(model, ctx), clock)[0])
-        for block in model.blocks:
-            block.attn.kv_cache = None
-        times = {n: [a + b for a, b in zip(per_ctx[0][n], per_ctx[1][n])] for n in DECODE_KERNELS}
-        busy = stop()
+        times, busy = measure_at(contexts, lambda ctx: attention_calls(model, ctx), [model], clock)
         chosen, clear = choose(times, margin_for(busy))
         how = f"the attention alone, contexts {contexts[0]} and {contexts[1]}, {ROUNDS} interleaved rounds"
         job = job_record(times, {}, chosen, clear, busy, by, how)
@@ -382,17 +391,10 @@ def measure_decode(models, steps, names, contexts, clock, by):
     """Times every candidate at both contexts; a candidate's time is the sum of its two (a
     generation that grows from the short context to the long one spends about that, halved, per
     token)."""
-    stop = others_busy()
-    per_ctx = []
-    for ctx in contexts:
-        fns = {n: decode_step_at(models[n.split()[1]], ctx, steps.get(n.split()[1]) if n[0] == "c" else None)
-               for n in names}
-        per_ctx.append(measure(fns, clock)[0])
-    for model in models.values():
-        for block in model.blocks:
-            block.attn.kv_cache = None
-    times = {n: [a + b for a, b in zip(per_ctx[0][n], per_ctx[1][n])] for n in names}
-    busy = stop()
+    def calls_at(ctx):
+        return {n: decode_step_at(models[n.split()[1]], ctx, steps.get(n.split()[1]) if n[0] == "c" else None)
+                for n in names}
+    times, busy = measure_at(contexts, calls_at, models.values(), clock)
     chosen, clear = choose(times, margin_for(busy))
     how = f"contexts {contexts[0]} and {contexts[1]}, {ROUNDS} interleaved rounds of >= {MIN_S} s per candidate"
     job = job_record(times, {}, chosen, clear, busy, by, how)
