@@ -65,7 +65,8 @@ def load():
                            extra_ldflags=["-fopenmp"], build_directory=folder, is_python_module=False,
                            verbose=False)
     except (RuntimeError, OSError, ImportError, SystemExit) as e:
-        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        first = next((line for line in lines[1:] if "error" in line.lower()), lines[0])[:160]  # the compiler's
         _state["problem"] = f"our decode kernel could not be built here ({first}); SDPA decodes"
         print(f"note: {_state['problem']}", file=sys.stderr)
         return _state["problem"]
