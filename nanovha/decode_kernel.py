@@ -1,6 +1,7 @@
 """
-Our one-token CPU attention kernel (nanovha/csrc/decode_attention.cpp), built for this machine on
-first use and loaded as the op torch.ops.nanovha.decode_attention.
+Our one-token CPU attention kernel (nanovha/csrc/: decode_attention.cpp, the op; decode_common.h,
+the softmax the paths share; amx_tiles.h, the AMX path), built for this machine on first use and
+loaded as the op torch.ops.nanovha.decode_attention.
 
     problem = load()      # None once the op is registered; else one line saying why it is not
     out = torch.ops.nanovha.decode_attention(q, k, v, pos, scale)   # (B, H_kv, G, d_v)
@@ -33,9 +34,14 @@ _state = {"problem": None, "loaded": False}
 
 
 def source_digest():
-    """sha256 (16 hex) of the kernel's source: part of every key that depends on the op."""
-    with open(SOURCE, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:16]
+    """sha256 (16 hex) of the kernel's source (every file in csrc/): part of every key that depends
+    on the op."""
+    h = hashlib.sha256()
+    folder = os.path.dirname(SOURCE)
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            h.update(name.encode() + f.read())
+    return h.hexdigest()[:16]
 
 
 def build_folder():

@@ -16,15 +16,8 @@
 //   - the group as the vector lane (any CPU, float32 or bf16 or fp16 converted to float): G query
 //     heads make one SIMD register per position, and a few heads' accumulators stay in registers over
 //     a block, so the work per byte of cache grows with G without a small matrix product per block;
-//   - bf16 on AMX: both products as tile multiplies (attend_chunk_amx), the softmax in vectors.
+//   - bf16 on AMX: both products as tile multiplies (amx_tiles.h), the softmax in vectors.
 // Shapes without a compiled-in case take a scalar loop (and float64 always: the tests' reference).
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
-#define NANOVHA_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -36,62 +29,15 @@
 #include <limits>
 #include <vector>
 
-namespace {
+#include "decode_common.h"
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
+#define NANOVHA_AMX 1
+#include "amx_tiles.h"
+#endif
 
-constexpr int64_t kBlock = 64;  // positions per block
+namespace nanovha {
+
 constexpr int64_t kMinChunk = 256;  // fewest positions a thread's chunk gets
-
-// N float lanes (and int32 lanes of the same width): one SIMD register or a few, in GCC's vector
-// extension, and the lane-wise math the kernels share
-template <int N>
-struct Lanes {
-  typedef float f __attribute__((vector_size(N * 4)));
-  typedef int32_t i __attribute__((vector_size(N * 4)));
-
-  // exp(x) for x <= 0 (lanes below -87 give about 1e-38): 2^n e^r with n = round(x / ln 2) and e^r by
-  // Cephes' degree-6 polynomial on |r| <= ln 2 / 2, within 2 ulp of expf
-  static f exp_le0(f x) {
-    const f lo = f{} - 87.0f;
-    x = x < lo ? lo : x;
-    // round to nearest: 1.5 * 2^23 + n holds the integer n in its low mantissa bits
-    const f shifted = x * 1.44269504088896341f + 12582912.0f;
-    const f n = shifted - 12582912.0f;
-    f r = x - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    f p = f{} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    i bits;
-    std::memcpy(&bits, &shifted, sizeof(f));
-    bits = (bits - 0x4B400000 + 127) << 23;
-    f two_n;
-    std::memcpy(&two_n, &bits, sizeof(f));
-    return p * two_n;
-  }
-
-  // the online softmax over one block of scores s[0..nb) (each a vector over the group): m becomes
-  // the running max, s[j] becomes p[j] = e^(s[j] - m), l the running sum; returns e^(m_old - m), by
-  // which the accumulators are rescaled
-  static f softmax_block(f* s, int64_t nb, f& m, f& l) {
-    f mb = m;
-    for (int64_t j = 0; j < nb; ++j) {
-      mb = s[j] > mb ? s[j] : mb;
-    }
-    const f alpha = exp_le0(m - mb);
-    m = mb;
-    f sum = {};
-    for (int64_t j = 0; j < nb; ++j) {
-      s[j] = exp_le0(s[j] - m);
-      sum += s[j];
-    }
-    l = l * alpha + sum;
-    return alpha;
-  }
-};
 
 inline float to_float(float x) { return x; }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
@@ -108,23 +54,6 @@ inline void rows_to_float(const scalar_t* src, int64_t stride, int64_t n, int64_
     }
   }
 }
-
-// One task: rows [t0, t1) of one KV head's cache (k rows ks apart, v rows vs apart), its G query
-// rows as qT (D, G), unscaled -> m (G), l (G) and acc (G, DV), not yet divided by l
-template <typename scalar_t, typename acc_t>
-struct Chunk {
-  const acc_t* qT;
-  int64_t G, D, DV;
-  acc_t scale;
-  const scalar_t* k;
-  int64_t ks;
-  const scalar_t* v;
-  int64_t vs;
-  int64_t t0, t1;
-  acc_t* m;
-  acc_t* l;
-  acc_t* acc;
-};
 
 // One chunk [t0, t1) of one KV head, G query heads (the vector lanes), row widths D and DV known at
 // compile time -> m (G), l (G), acc (G x DV), not yet divided by l.
@@ -200,161 +129,6 @@ void attend_chunk(const Chunk<scalar_t, float>& c) {
   }
 }
 
-#ifdef NANOVHA_AMX
-// bf16 on a CPU with AMX (Sapphire Rapids and later), up to 16 query heads per KV head (fewer are
-// padded with heads of zeros): both products on the tile unit, every tile 16 rows of 64 bytes.
-//   scores, 16 positions at a time: C (positions x heads) += K rows (positions x 32 of d, read in
-//     place) times q's pairs (16 pair-rows x heads)
-//   values, 32 positions at a time: C (heads x 16 of d_v) += p (heads x 32 positions: the block's
-//     weights turned over) times the value rows interleaved in pairs (16 pair-rows x 16 of d_v)
-// Tiles: 0 the sums, 1 the left operand, 2..5 q, 6 the value pairs. The softmax between the two
-// products is the vector one above; p is rounded to bf16 for its product, as PyTorch's flash kernel
-// rounds it.
-constexpr int kAmxHeads = 16;
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
-
-inline bool amx_allowed() {  // Linux lends the tile registers to a process that asks
-  static const bool ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  return ok;
-}
-
-template <int D>
-inline void load_q_tiles(const int32_t (*qb)[16][16]) {
-  _tile_loadd(2, qb[0], 64);
-  if constexpr (D > 32) _tile_loadd(3, qb[1], 64);
-  if constexpr (D > 64) _tile_loadd(4, qb[2], 64);
-  if constexpr (D > 96) _tile_loadd(5, qb[3], 64);
-}
-
-// 16 rows of K (row stride ks) at column 32 kk, times q's tile kk, into tile 0
-template <int D>
-inline void score_tiles(const c10::BFloat16* k, int64_t ks) {
-  _tile_loadd(1, k, ks * 2);
-  _tile_dpbf16ps(0, 1, 2);
-  if constexpr (D > 32) {
-    _tile_loadd(1, k + 32, ks * 2);
-    _tile_dpbf16ps(0, 1, 3);
-  }
-  if constexpr (D > 64) {
-    _tile_loadd(1, k + 64, ks * 2);
-    _tile_dpbf16ps(0, 1, 4);
-  }
-  if constexpr (D > 96) {
-    _tile_loadd(1, k + 96, ks * 2);
-    _tile_dpbf16ps(0, 1, 5);
-  }
-}
-
-template <int G, int D, int DV>
-void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
-  using VG = typename Lanes<kAmxHeads>::f;
-  constexpr int NV = DV / 16;
-  static const TileConfig config;
-  alignas(64) int32_t qb[D / 32][16][16];  // [kk][pair r][head]: (q[g][32kk + 2r], q[g][32kk + 2r + 1])
-  alignas(64) c10::BFloat16 kpad[16 * D] = {};  // a block's last rows past t1, zero-padded
-  alignas(64) VG s[kBlock];  // scores, then weights: s[j][g]
-  alignas(64) int32_t pairs[16][16];  // [pair i][head]: (p[2i][g], p[2i+1][g]), before turning over
-  alignas(64) int32_t pt[2][16][16];  // [half][head][pair i]: the weights as the left operand
-  alignas(64) __m512i vp[2][NV][16];  // [half][slice][pair i]: (v_2i[e], v_2i+1[e]) for 16 e
-  alignas(64) float acc[kAmxHeads][DV] = {};
-  for (int kk = 0; kk < D / 32; ++kk) {
-    for (int r = 0; r < 16; ++r) {
-      for (int g = 0; g < kAmxHeads; ++g) {  // heads past G: zeros (their lanes are computed, not kept)
-        uint32_t lo = 0, hi = 0;
-        if (g < G) {
-          std::memcpy(&lo, c.qT + (32 * kk + 2 * r) * G + g, 4);
-          std::memcpy(&hi, c.qT + (32 * kk + 2 * r + 1) * G + g, 4);
-        }
-        qb[kk][r][g] = static_cast<int32_t>((lo >> 16) | (hi & 0xffff0000u));  // exact: q came from bf16
-      }
-    }
-  }
-  alignas(64) int16_t order[32];  // 0, 16, 1, 17, ...: interleaves the halves of a register
-  for (int e = 0; e < 16; ++e) {
-    order[2 * e] = e;
-    order[2 * e + 1] = 16 + e;
-  }
-  const __m512i interleave = _mm512_load_si512(order);
-  const c10::BFloat16 zero_row[DV] = {};
-  _tile_loadconfig(&config);
-  load_q_tiles<D>(qb);
-  VG m = VG{} - std::numeric_limits<float>::infinity();
-  VG l = {};
-  for (int64_t b0 = c.t0; b0 < c.t1; b0 += kBlock) {
-    const int64_t nb = std::min(kBlock, c.t1 - b0);
-    for (int64_t j = 0; j < nb; j += 16) {  // scores of 16 positions
-      const c10::BFloat16* rows = c.k + (b0 + j) * c.ks;
-      int64_t stride = c.ks;
-      if (j + 16 > nb) {  // the last rows: copied, so no read passes t1
-        std::fill(kpad, kpad + 16 * D, c10::BFloat16(0));
-        for (int64_t u = 0; u < nb - j; ++u) {
-          std::memcpy(kpad + u * D, rows + u * c.ks, D * 2);
-        }
-        rows = kpad;
-        stride = D;
-      }
-      _tile_zero(0);
-      score_tiles<D>(rows, stride);
-      _tile_stored(0, &s[j], 64);
-    }
-    for (int64_t j = 0; j < nb; ++j) {
-      s[j] *= c.scale;
-    }
-    const VG alpha = Lanes<kAmxHeads>::softmax_block(s, nb, m, l);
-    for (int64_t j = nb; j < kBlock; ++j) {  // weights past nb: none
-      s[j] = VG{};
-    }
-    for (int g = 0; g < kAmxHeads; ++g) {
-      for (int e = 0; e < NV; ++e) {
-        _mm512_store_ps(&acc[g][16 * e], _mm512_mul_ps(_mm512_load_ps(&acc[g][16 * e]), _mm512_set1_ps(alpha[g])));
-      }
-    }
-    const int halves = static_cast<int>((nb + 31) / 32);
-    for (int h = 0; h < halves; ++h) {
-      for (int i = 0; i < 16; ++i) {  // weights to bf16 pairs, then turned over: rows are heads
-        const int64_t j = 32 * h + 2 * i;
-        __m512 a, b;
-        std::memcpy(&a, &s[j], 64);
-        std::memcpy(&b, &s[j + 1], 64);
-        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);
-        _mm512_store_si512(pairs[i], _mm512_permutexvar_epi16(interleave, both));
-        const c10::BFloat16* v0 = j < nb ? c.v + (b0 + j) * c.vs : zero_row;
-        const c10::BFloat16* v1 = j + 1 < nb ? c.v + (b0 + j + 1) * c.vs : zero_row;
-        for (int e = 0; e < NV; ++e) {
-          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + 16 * e));
-          const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v1 + 16 * e));
-          vp[h][e][i] = _mm512_permutexvar_epi16(interleave, _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1));
-        }
-      }
-      for (int g = 0; g < kAmxHeads; ++g) {
-        for (int i = 0; i < 16; ++i) {
-          pt[h][g][i] = pairs[i][g];
-        }
-      }
-      _tile_loadd(1, pt[h], 64);
-      for (int e = 0; e < NV; ++e) {
-        _tile_loadd(0, &acc[0][16 * e], DV * 4);
-        _tile_loadd(6, vp[h][e], 64);
-        _tile_dpbf16ps(0, 1, 6);
-        _tile_stored(0, &acc[0][16 * e], DV * 4);
-      }
-    }
-  }
-  _tile_release();
-  for (int g = 0; g < G; ++g) {
-    c.m[g] = m[g];
-    c.l[g] = l[g];
-    std::memcpy(c.acc + g * DV, acc[g], DV * sizeof(float));
-  }
-}
-#endif
 
 // The same for any G, D and DV, in acc_t (double for double inputs): the reference the tests read in
 // float64, and the path of shapes without a compiled-in case.
@@ -507,12 +281,12 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return out;
 }
 
-}  // namespace
+}  // namespace nanovha
 
 TORCH_LIBRARY(nanovha, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor pos, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(nanovha, CPU, m) {
-  m.impl("decode_attention", &decode_attention);
+  m.impl("decode_attention", &nanovha::decode_attention);
 }
