@@ -244,13 +244,11 @@ def compiled_steps(models, ctxs, kernel=None):
     --attention_kernel, planned where auto)."""
     steps, folder = {}, compile_cache or default_folder()
     for name, model in models.items():
-        if compile == "aot" and kernel:
-            kernel_of[name] = kernel
-        elif compile == "aot" and attention_kernel == "auto":
+        if compile == "aot":
+            kernel_of[name] = kernel or attention_kernel
+        if kernel_of.get(name) == "auto":
             kernel_of[name], line, _ = plan_attention(model, folder, (min(ctxs), max(ctxs)), by="bench_decode.py")
             print(f"{name}: attention {line.split(' on this CPU')[0]}")
-        elif compile == "aot":
-            kernel_of[name] = attention_kernel
         t0 = time.perf_counter()
         if compile == "aot":
             step = compiled_decode(model, folder, batch_size, autotune=compile_autotune, kernel=kernel_of[name])

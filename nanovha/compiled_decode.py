@@ -120,8 +120,6 @@ class CompiledDecode:
 
     def __init__(self, model, path, seconds, built, kernel="sdpa"):
         self.model, self.path, self.seconds, self.built, self.kernel = model, path, seconds, built, kernel
-        if kernel == "nanovha" and decode_kernel.load():  # the package calls our op: it must be registered
-            raise RuntimeError(f"{path} calls our decode kernel, which cannot be built here")
         self.runner = torch._inductor.aoti_load_package(path)
 
     @classmethod
@@ -153,6 +151,9 @@ def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True, k
     choice: nanovha/plan.py attention_kernel). A cached package is trusted only once it loads and
     one step of it matches the model's eager step (package_problem); one that does not is
     rebuilt, or treated as absent, with a one-line note naming the file."""
+    problem = kernel == "nanovha" and decode_kernel.load()  # the package calls our op: it must be registered
+    if problem:
+        raise RuntimeError(problem)
     path = package_path(model, folder, batch_size, autotune, kernel)
     t0 = time.perf_counter()
     built = not os.path.exists(path)
@@ -164,9 +165,6 @@ def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True, k
     if built and not build_it:
         return None
     if built:
-        problem = kernel == "nanovha" and decode_kernel.load()
-        if problem:
-            raise RuntimeError(problem)
         build(model, path, batch_size, autotune, kernel)
         step = CompiledDecode(model, path, 0.0, True, kernel)
     step.seconds = time.perf_counter() - t0

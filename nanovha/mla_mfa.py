@@ -122,11 +122,11 @@ class MLAttention(nn.Module):
         kv = torch.cat([c_kv, k_rope], dim=-1)  # (B, 1, T, r + d_R): what a token caches
         if start_pos is not None:
             kv, _ = self.kv_cache.update(start_pos, kv, kv[..., :0])  # (B, 1, Tk, r + d_R)
-        # (max_len,): written
-        visible = torch.arange(kv.size(2), device=x.device) <= start_pos if static else None
         if T == 1 and start_pos is not None and cfg.mla_decode == "absorb":
             a = self.absorbed_attention(q_nope, q_rope, kv, start_pos if static else None)
         else:
+            # (max_len,): written
+            visible = torch.arange(kv.size(2), device=x.device) <= start_pos if static else None
             c_kv, k_rope = kv.split([cfg.mla_kv_rank, dR], dim=-1)  # (B, 1, Tk, r), (B, 1, Tk, d_R)
             a = self.naive_attention(q_nope, q_rope, c_kv, k_rope, visible, causal=T > 1)
         # (B, H, T, d) -> (B, T, H*d) -> (B, T, D)

@@ -352,24 +352,24 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
         if d not in models:
             models[d] = use_decode_layout(copy.deepcopy(model).to(getattr(torch, d)).eval())
         return models[d]
-    kernels = {}  # dtype -> (the compiled step's attention kernel, its line)
+    kernels = {}  # dtype -> (the compiled step's attention kernel, its line, whether its package exists)
 
     def kernel(d):
         if d not in kernels:
             chosen, line, settled = attention_kernel(prepared(d), folder, contexts, replan, clock, by)
-            have = [k for k in (chosen, *DECODE_KERNELS) if os.path.exists(package_path(prepared(d), folder, kernel=k))]
+            # each kernel's package path once: a path hashes every weight
+            have = [k for k in DECODE_KERNELS if os.path.exists(package_path(prepared(d), folder, kernel=k))]
             # a package an earlier plan built beats none, and beats a new one where the kernels tie
-            if have and have[0] != chosen and (not build or not settled):
+            if have and chosen not in have and (not build or not settled):
                 chosen, line = have[0], f"{have[0]}, the package at hand (a new plan picks {line})"
-            kernels[d] = chosen, line
-        return kernels[d][0]
-    available = [n for n in names if n.startswith("eager") or build
-                 or os.path.exists(package_path(prepared(n.split()[1]), folder, kernel=kernel(n.split()[1])))]
+            kernels[d] = chosen, line, chosen in have
+        return kernels[d]
+    available = [n for n in names if n.startswith("eager") or build or kernel(n.split()[1])[2]]
     job = jobs.get(job_name)
     if job and not job.get("provisional") and set(available) <= set(job.get("rounds", {})):
         note, steps = None, {}
     else:
-        steps = {n.split()[1]: compiled_decode(prepared(n.split()[1]), folder, kernel=kernel(n.split()[1]))
+        steps = {n.split()[1]: compiled_decode(prepared(n.split()[1]), folder, kernel=kernel(n.split()[1])[0])
                  for n in available if n.startswith("compiled")}
         job = measure_decode({n.split()[1]: prepared(n.split()[1]) for n in available}, steps, available, contexts,
                              clock, by)
@@ -381,8 +381,8 @@ def decode_plan(model, folder, contexts, dtypes=None, runtimes=("compiled", "eag
     runtime, dtype = chosen.split()
     step, attention = None, ""
     if runtime == "compiled":
-        step = steps.get(dtype) or compiled_decode(prepared(dtype), folder, kernel=kernel(dtype))
-        attention = f"; its attention: {kernels[dtype][1]}"
+        step = steps.get(dtype) or compiled_decode(prepared(dtype), folder, kernel=kernel(dtype)[0])
+        attention = f"; its attention: {kernel(dtype)[1]}"
     line = describe(job, chosen, "token", available) + (f"; {note}" if note else "") + attention
     return DecodePlan(dtype, runtime, prepared(dtype), step, line)
 
