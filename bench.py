@@ -20,7 +20,7 @@ import torch
 import nanovha.mla_mfa  # noqa: F401 (registers attn="mla" and "mfa")
 from nanovha.config import ConfigError, at_least, config_file_values, flat_defaults, need, settings
 from nanovha.costs import flops_per_token, kv_bytes_per_token
-from nanovha.hardware import compile_counters, gpu_spec, interleaved, print_table, verdict
+from nanovha.hardware import compile_counters, gpu_spec, interleaved, print_table, torch_dtype, verdict
 from nanovha.variants import overrides
 from model import GPT, GPTConfig
 
@@ -55,7 +55,7 @@ globals().update(settings(flat_defaults(globals()), sys.argv[1:], limits=LIMITS)
 
 
 device_type = device.split(":")[0]
-ptdtype = getattr(torch, dtype, None)
+ptdtype = torch_dtype(dtype)
 if threads:
     torch.set_num_threads(threads)
 

@@ -25,20 +25,20 @@ import time
 
 import torch
 
-from model import GPT, GPTConfig, fold_to_gqa
+from model import GPT, GPTConfig, fold_to_gqa, sdpa
 from nanovha import llamacpp
-from nanovha.compiled_decode import compiled_decode, default_folder
 from nanovha.config import DTYPES, at_least, flat_defaults, need, settings, stop_if
 from nanovha.costs import kv_bytes_per_token
-from nanovha.kernels import (DECODE_KERNELS, cache_zeros, decode_attention, decode_kernel_for, sdpa,
-                             use_decode_layout)
-from nanovha.hardware import choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, matmul_peak
-from nanovha.hardware import interleaved as interleaved_on, memory_problem, print_table, timed as timed_on
+from nanovha.kernels import DECODE_KERNELS, cache_zeros, decode_attention, use_decode_layout
+from nanovha.engine.compiled import compiled_decode
+from nanovha.engine.plan import cache_folder, choose_attention, decode_plan, random_context
+from nanovha.hardware import (choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, dtype_name, matmul_peak,
+                              memory_problem, print_table, torch_dtype)
+from nanovha.hardware import interleaved as interleaved_on, timed as timed_on
 from nanovha.decode_plot import plot_decode
 from nanovha.decode_targets import check_targets, llama_ratios
 from nanovha.loading import load_model, start_path
 from nanovha.outputs import figure_problem
-from nanovha.plan import attention_kernel as plan_attention, decode_plan, random_context
 from nanovha.variants import GQA_N, overrides
 
 # -----------------------------------------------------------------------------
@@ -74,9 +74,8 @@ dtype = "auto"  # weights and cache. auto: CUDA bf16; a CPU plans on vha_folded 
 compile = "auto"
 eager = True  # with a compiled step: also time every variant eagerly, in the same rounds
 compile_autotune = True  # aot: inductor's C++ GEMM templates tuned per shape (faster steps, a longer build)
-# aot: the compiled step's one-token attention. auto: SDPA or ours, timed per variant (nanovha/plan.py); sdpa; nanovha
-attention_kernel = "auto"
-compile_cache = ""  # where AOTInductor packages are kept ("": $NANOVHA_CACHE/compiled, ~/.cache/nanovha/compiled)
+attention_kernel = "auto"  # aot: the compiled step's one-token attention: auto (timed per variant), sdpa, nanovha
+compile_cache = ""  # where compiled packages and plans are kept ("": $NANOVHA_CACHE/compiled)
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
 # -----------------------------------------------------------------------------
@@ -112,8 +111,7 @@ def resolve_auto(device_type, decode_impl, prefill_max, compile):
 decode_impl, prefill_max, compile = resolve_auto(device_type, decode_impl, prefill_max, compile)
 need(compile != "aot" or device_type == "cpu", f"compile=aot builds a CPU package; on "
                                                f"{device_type} use graphs or off")
-# now, not after the bench
-stop_if(plot and figure_problem(plot, "--plot", {"--ckpt": ckpt and start_path(ckpt)}))
+stop_if(plot and figure_problem(plot, "--plot", {"--ckpt": ckpt and start_path(ckpt)}))  # now, not after the bench
 if threads:
     torch.set_num_threads(threads)
 if compile == "graphs":
@@ -122,12 +120,8 @@ if compile == "graphs":
 runtimes = ([compile] if compile != "off" else []) + (["eager"] if eager or compile == "off" else [])
 
 
-def timed(fn):
-    return timed_on(fn, device_type)
-
-
-def interleaved(fns, n_timed):
-    return interleaved_on(fns, n_timed, warmup, device_type)
+timed = lambda fn: timed_on(fn, device_type)  # on this device
+interleaved = lambda fns, n_timed: interleaved_on(fns, n_timed, warmup, device_type)
 
 
 def build(**kw):
@@ -216,16 +210,18 @@ def time_attention(models, ctx, ptdtype, runtime):
             kv = rand(c.n_layer, batch_size, 1, ctx, r + dR)  # every layer's cache in one allocation
             q = (rand(batch_size, H, 1, d), rand(batch_size, H, 1, dR))
             pos = None if runtime == "eager" else torch.tensor([ctx - 1], device=device)
+            attn.decode_kernel = kernel_of.get(name, "sdpa")  # as its step calls it
             fns[name] = lambda kv=kv, q=q, attn=attn, pos=pos: [attn.absorbed_attention(*q, x, pos) for x in kv]
             continue
         kv = rand(c.n_layer, 2, batch_size, c.n_kv_head, ctx, c.head_dim)
         q = rand(batch_size, c.n_head, 1, c.head_dim)
         pos = ctx if runtime == "eager" else torch.tensor([ctx - 1], device=device)  # static: compiled's path
-        if runtime != "eager" or decode_impl == "grouped":
-            fns[name] = lambda kv=kv, q=q, pos=pos: [decode_attention(q, k, v, pos) for k, v in kv]
+        if runtime != "eager" or decode_impl == "grouped":  # the kernel its compiled step calls
+            kernel = kernel_of.get(name, "sdpa")
+            fns[name] = lambda kv=kv, q=q, pos=pos, kernel=kernel: [decode_attention(q, k, v, pos, kernel)
+                                                                    for k, v in kv]
         else:
             fns[name] = lambda kv=kv, q=q: [sdpa(q, k, v) for k, v in kv]  # as the model calls it
-    fns = {name: decode_kernel_for(kernel_of.get(name, "sdpa"))(fn) for name, fn in fns.items()}  # as its step does
     with torch.inference_mode():
         return interleaved(fns, decode_steps)
 
@@ -242,13 +238,14 @@ def compiled_steps(models, ctxs, kernel=None):
     built), for the compiled runtime: an AOTInductor package (CPU) or torch.compile with CUDA
     graphs. Fills kernel_of: each variant's attention kernel in its package (`kernel`, else
     --attention_kernel, planned where auto)."""
-    steps, folder = {}, compile_cache or default_folder()
+    steps, folder = {}, cache_folder(compile_cache)
     for name, model in models.items():
         if compile == "aot":
             kernel_of[name] = kernel or attention_kernel
         if kernel_of.get(name) == "auto":
-            kernel_of[name], line, _ = plan_attention(model, folder, (min(ctxs), max(ctxs)), by="bench_decode.py")
-            print(f"{name}: attention {line.split(' on this CPU')[0]}")
+            kernel_of[name], job = choose_attention(model, (min(ctxs), max(ctxs)), folder, by="bench_decode.py")
+            times = {k: f"{statistics.median(ts) * 1e3:.3f}" for k, ts in job["rounds"].items()} if job else {}
+            print(f"{name}: attention {kernel_of[name]} (ms/token: {times or 'ours cannot be loaded'})")
         t0 = time.perf_counter()
         if compile == "aot":
             step = compiled_decode(model, folder, batch_size, autotune=compile_autotune, kernel=kernel_of[name])
@@ -276,15 +273,15 @@ def decode_step(model, ctx, runtime, compiled):
 def time_decode(models, ctx, compiled, runners={}):
     """Median s/token at context ctx of every (model, runtime) -> ({(name, runtime): s}, {name:
     KV bytes allocated}, {name: seconds of the first compiled call}). The context is random K/V
-    written straight into the cache (a real prefill of 16K tokens takes ~20 s per variant on CPU;
-    speed ignores the values). llama.cpp runners are filled by a real prefill (its time to first
+    written straight into the cache (a real prefill of a long context per variant would cost more than
+    the decode it sets up; speed ignores the values). llama.cpp runners are filled by a real prefill (its time to first
     token kept in runner.ttft) and join the rounds."""
     steps, kv_alloc, first = {}, {}, {}
     # no autograd bookkeeping (and one CUDA graph, not a no_grad one and then another)
     with torch.inference_mode():
         for name, model in models.items():
             random_context(model, ctx, ctx + 1 + warmup + decode_steps, batch_size)
-            kv_alloc[name] = sum(b.attn.kv_cache.k.nbytes + b.attn.kv_cache.v.nbytes for b in model.blocks)
+            kv_alloc[name] = sum(c.k.nbytes + c.v.nbytes for c in model.kv_caches())
             for runtime in runtimes:
                 steps[(name, runtime)] = decode_step(model, ctx, runtime, compiled.get(name))
                 if runtime != "eager":
@@ -296,9 +293,6 @@ def time_decode(models, ctx, compiled, runners={}):
             # the same cache dtype and shape
             steps[(name, "llama.cpp")], kv_alloc[name] = runner.step, kv_alloc[base]
         seconds = interleaved(steps, decode_steps)  # (a runner's context is freed by its next load)
-    for model in models.values():  # free the caches before the next context
-        for block in model.blocks:
-            block.attn.kv_cache = None
     if compile == "graphs":
         torch._dynamo.reset()
     return seconds, kv_alloc, first
@@ -442,15 +436,15 @@ def run_decode():
     stop_if(memory_problem(caches + sum(weight_bytes(m) for m in models.values()), device,
                            f"the KV caches at context {max(ctxs):,} (batch {batch_size}) and every variant's weights",
                            "lower --contexts or --batch_size, or bench fewer --variants"))
-    probe = models.get("vha_folded") or next(iter(models.values()))  # "auto" plans on the folded VHA model
-    # nanovha/plan.py: timed on this model at both ends of the contexts
-    if device_type == "cpu" and dtype == "auto":
-        plan = decode_plan(probe, compile_cache or default_folder(), (min(ctxs), max(ctxs)), build=compile == "aot",
+    probe = models.get("vha_folded") or next(iter(models.values()))  # "auto": the plan on the folded VHA
+    if device_type == "cpu" and dtype == "auto":  # timed on this model at both ends of the contexts
+        plan = decode_plan(probe, (min(ctxs), max(ctxs)), compile_cache, build=compile == "aot",
                            runtimes=("compiled", "eager") if compile == "aot" else ("eager",), by="bench_decode.py")
-        dtype_name, why = plan.dtype, f"{plan.dtype} (plan: {plan.line})"
+        ptdtype, why = plan.dtype, str(plan)
     else:
-        dtype_name, why = choose_decode_dtype(device_type, dtype)
-    ptdtype = getattr(torch, dtype_name)
+        plan, (name, why) = None, choose_decode_dtype(device_type, dtype)
+        ptdtype = torch_dtype(name)
+    precision = dtype_name(ptdtype)
     for model in models.values():
         model.to(device, ptdtype)
         if weight_layout == "in_out":
@@ -474,15 +468,17 @@ def run_decode():
     at = {(r["variant"], r["runtime"], r["ctx"]): r for r in rows}
     costs = compile_costs(models, at, ctxs[0], compiled, first_calls[ctxs[0]]) if len(runtimes) == 2 else {}
     breakdown, op_floor_ms, flops_peak = breakdown_at(models, at, top, bw, runners, compiled, ptdtype)
-    targets = check_targets(models, at, breakdown, top, op_floor_ms, dtype_name, runtimes, f"gqa{vha_kv_head}")
+    targets = check_targets(models, at, breakdown, top, op_floor_ms, precision, runtimes, f"gqa{vha_kv_head}")
     ratios = llama_ratios(at, runners, ctxs, breakdown, runtimes)
     for runner, _ in runners.values():
         runner.close()
     if plot:
-        plot_decode(rows, ctxs, plot, runtimes, f"decode on {device} ({dtype_name}, batch "
+        plot_decode(rows, ctxs, plot, runtimes, f"decode on {device} ({precision}, batch "
                                                 f"{batch_size}, {runtimes[0]})")
-    return dict(mode="decode", device=device, cpu=cpu_kind() if device_type == "cpu" else None, dtype=dtype_name,
-                dtype_reason=why, threads=torch.get_num_threads(), batch_size=batch_size, decode_impl=decode_impl,
+    return dict(mode="decode", device=device, cpu=cpu_kind() if device_type == "cpu" else None, dtype=precision,
+                dtype_reason=why, plan=plan and {k: v for k, v in vars(plan).items() if k not in ("model", "step")},
+                threads=torch.get_num_threads(),
+                batch_size=batch_size, decode_impl=decode_impl,
                 compile=compile, runtimes=runtimes, weight_layout=weight_layout,
                 kv_fill="random K/V written into the cache", copy_gb_s=bw / 1e9,
                 model={k: getattr(c, k) for k in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size")},

@@ -28,12 +28,11 @@ from data.common import read_bin
 from model import fold_to_gqa
 from nanovha import llamacpp
 from nanovha.checkpoint import save_checkpoint
-from nanovha.compiled_decode import default_folder
 from nanovha.config import at_least, flat_defaults, settings
 from nanovha.costs import kv_bytes_per_token
 from nanovha.generate import generate
 from nanovha.gguf import GGUF_DTYPES, gguf_export_problem, write_gguf
-from nanovha.plan import context_range, decode_plan
+from nanovha.engine.plan import cache_folder, context_range, decode_plan
 from nanovha.health import layer_health
 from nanovha.loading import load_model
 from nanovha.outputs import Busy, clobber_problem, file_name_problem, holding, output_problem, staged, writable_problem
@@ -57,11 +56,106 @@ compile_decode = True  # CPU: also build the folded model's compiled decode step
 compile_cache = ""  # where compiled packages and plans are kept ("": $NANOVHA_CACHE/compiled)
 plan_tokens = 500  # the generation the decode plan is timed for (sample.py's default max_new_tokens)
 replan = False  # measure the decode plan again even if one is kept for this shape and machine
+verbose = False  # print every timing behind the decode plan
 # True: replace an existing --export_hf folder or --export_gguf file (never an input)
 overwrite = False
 defaults = flat_defaults(globals())
 LIMITS = {"eval_batches": at_least(1), "batch_size": at_least(1), "gguf_dtype": GGUF_DTYPES}
 # -----------------------------------------------------------------------------
+
+
+def main(argv):
+    globals().update(settings(defaults, argv, limits=LIMITS))
+    src, dst = os.path.join(out_dir, ckpt_name), os.path.join(out_dir, out_name)
+    if problem := check_args(src, dst):
+        sys.exit(f"error: {problem}")
+    try:
+        with holding(out_dir):  # not while train.py (or another fold.py) writes this folder
+            fold_run(src, dst)
+    except Busy as e:
+        sys.exit(f"error: {e}")
+
+
+def fold_run(src, dst):
+    # Every check comes before the first write: a refused input leaves nothing behind.
+    try:
+        model, ckpt = load_model(src, device)
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    c, model = model.cfg, model.eval()
+    proof_data = [os.path.join(folder, name) for folder in filter(None, proof_folders(ckpt))
+                  for name in ("val.bin", "meta.pkl")]
+    over_data = (clobber_problem(outputs(dst), {"the data the proof reads": path}) for path in proof_data)
+    if problem := check_model(src, c, ckpt.get("meta")) or next(filter(None, over_data), None):
+        sys.exit(f"error: {problem}")
+    if c.attn == "gqa":
+        print(f"{src} is already plain GQA (n_head={c.n_head}, n_kv_head={c.n_kv_head}): nothing to fold, "
+              "exporting it as is")
+        deployed, tokens = model, proof_tokens(ckpt, c.vocab_size, c.block_size, 1)[0]
+    else:
+        deployed, tokens = fold_and_prove(model, ckpt, src, dst)
+    if plot:
+        rows = analysis(model)
+        print_analysis(model, rows)
+        path = os.path.join(out_dir, "fold_analysis.png")
+        save_plot(model, rows, path)
+        print(f"saved {path}")
+    export(model, deployed, ckpt, src, tokens)
+    if compile_decode and device == "cpu" and c.attn != "gqa":
+        build_decode(deployed)  # the speed layer, for sample.py: one call, skip it on a first read
+
+
+def fold_and_prove(model, ckpt, src, dst):
+    """Folds, proves the fold on held-out text (float32 and float64), writes dst and reports.
+    -> (the folded model, the held-out tokens (N, T))."""
+    c, t0 = model.cfg, time.time()
+    # 1. Fold: W_q'[g*H_p + h] = P[g]^T W_q[h] and W_o'[:, h] = sum_j M[j, h] W_o[:, j], in float64,
+    #    cast to the checkpoint's dtype. Loaded back through load_model, the one loading path.
+    gqa = fold_to_gqa(model)
+    keep = {k: v for k, v in ckpt.items() if k not in ("model", "model_args", "optimizer", "scaler")}
+    folded_ckpt = dict(keep, model=gqa.state_dict(), model_args=asdict(gqa.cfg), folded_from=ckpt_name)
+    deployed = load_model(folded_ckpt, device)[0].eval()
+    t_fold = time.time() - t0
+
+    # 2. Proof: the same logits on held-out text and the same greedy text, in float64 (the fold's
+    #    algebra, folded without any cast) and float32 (the weights actually written).
+    tokens, source = proof_tokens(ckpt, c.vocab_size, c.block_size, eval_batches * batch_size)
+    tokens = tokens.to(device)
+    prompt = tokens[:1, :min(16, tokens.size(1))]  # (1, <=16)
+    results = {}
+    for dtype in (torch.float32, torch.float64):
+        vha = copy.deepcopy(model).to(dtype)
+        folded = deployed if dtype == torch.float32 else fold_to_gqa(vha).eval()
+        results[dtype] = (*logit_diff(vha, folded, tokens), first_difference(vha, folded, prompt))
+    worst64 = results[torch.float64][0]
+    with torch.no_grad():
+        scale = max(1.0, model(tokens[:1])[0].abs().max().item())
+    if not worst64 <= 1e-9 * scale:  # float64 exact fold: ~1e-14 * scale; any wrong index: >> 1e-3
+        sys.exit(f"error: the fold is not exact (max |logit diff| {worst64:.2e} in float64); {dst} was not written")
+    t_proof = time.time() - t0 - t_fold
+
+    # 3. Write (atomically), then report.
+    try:
+        save_checkpoint(folded_ckpt, dst)
+    except OSError as e:
+        sys.exit(f"error: cannot write {dst} ({e.strerror or e}); nothing was written")
+    pieces = [f"premix ({c.n_kv_head} groups of {c.head_dim}x{c.head_dim})" if c.has_premix else "",
+              f"linear postmix (rank {c.vha_postmix_rank})" if c.has_postmix else ""]
+    print(f"folded {src}: vha, {c.n_layer} layers, {c.n_q_proj} physical q heads, "
+          f"{' + '.join(filter(None, pieces))}, {c.n_attn_head} heads attend {c.n_kv_head} KV heads")
+    print(f"    -> {dst}: gqa, n_head={gqa.cfg.n_head}, n_kv_head={gqa.cfg.n_kv_head}, "
+          f"head_dim={gqa.cfg.head_dim}")
+    print(f"proof on {source}:")
+    for dtype, (worst, mean, diverged) in results.items():
+        name = str(dtype).replace("torch.", "")
+        same = "identical" if diverged is None else f"DIFFERENT from token {diverged} ({name} rounding at a near-tie)"
+        print(f"  {name:<8} |logit diff| max {worst:.2e}, mean {mean:.2e}; greedy {gen_tokens} tokens: {same}")
+    print(f"params: {model.num_params():,} -> {deployed.num_params():,}   KV cache: "
+          f"{kv_bytes_per_token(model.cfg, torch.bfloat16):,} -> "
+          f"{kv_bytes_per_token(deployed.cfg, torch.bfloat16):,} "
+          f"bytes/token (bf16)")
+    print(f"time: fold {t_fold:.2f} s, proof {t_proof:.2f} s")
+    return deployed, tokens
 
 
 def proof_folders(ckpt):
@@ -116,6 +210,119 @@ def first_difference(model_a, model_b, prompt):
     out_a, out_b = (generate(m, prompt, gen_tokens, temperature=0)[0, prompt.size(1):] for m in (model_a, model_b))
     differ = (out_a != out_b).nonzero()
     return None if len(differ) == 0 else int(differ[0])
+
+
+def outputs(dst):
+    """{flag: path} of what this fold writes."""
+    return {"--out_name": dst, "--export_hf": export_hf, "--export_gguf": export_gguf,
+            "--plot (fold_analysis.png)": plot and os.path.join(out_dir, "fold_analysis.png")}
+
+
+def check_args(src, dst):
+    """One-line refusals of the arguments themselves, before anything is read
+    (nanovha/outputs.py): no output over an input (the checkpoint, the run's log) or another
+    output, none in another run's folder, an existing export only with --overwrite=True,
+    --out_name a file name in out_dir, every output folder writable."""
+    if export_hf and os.path.exists(export_hf) and not os.path.isdir(export_hf):
+        return f"--export_hf={export_hf} is a file, not a folder"
+    if export_gguf and os.path.isdir(export_gguf):
+        return f"--export_gguf={export_gguf} is a folder; give a file name (e.g. model.gguf)"
+    inputs = {"--ckpt_name": src, "the run's log": os.path.join(out_dir, "log.jsonl"),
+              "the run's checkpoint": os.path.join(out_dir, "ckpt.pt")}
+    cache = compile_decode and device == "cpu" and cache_folder(compile_cache)
+    return (output_problem(outputs(dst), inputs, own=[out_dir], exports=["--export_hf", "--export_gguf"],
+                           overwrite=overwrite)
+            or file_name_problem(out_name) or (cache and writable_problem(cache, "--compile_cache")) or None)
+
+
+def check_model(src, c, meta):
+    """Why this checkpoint cannot be folded (or exported as asked), in one line, or None."""
+    if c.attn in ("mla", "mfa"):
+        return (f"nothing to fold: {src} is {c.attn.upper()} (attn={c.attn!r}), which has no premix or postmix; "
+                f"only VHA checkpoints fold, and the exports write Qwen3, which has no "
+                f"{c.attn.upper()} attention")
+    if c.attn == "gqa" and not (export_hf or export_gguf):
+        return (f"nothing to fold: {src} is already a plain "
+                f"{'MHA' if c.n_head == c.n_kv_head else 'GQA'} model "
+                f"(attn='gqa'); only VHA checkpoints fold "
+                "(it can still be exported with --export_hf=DIR or --export_gguf=FILE)")
+    if c.attn == "gqa" and plot:
+        return f"--plot shows premix/postmix, and {src} is plain GQA (attn='gqa'): there is nothing to plot"
+    if c.has_postmix and c.vha_postmix_act != "linear":
+        return (f"{src} has a SiLU postmix: a' = a + V silu(U^T a) is not linear in the head "
+                f"outputs a, so no matrix M "
+                f"can be absorbed into W_o and the model is not a GQA model; only "
+                f"vha_postmix_act='linear' folds")
+    plain = copy.copy(c)
+    plain.attn = "gqa"  # the exports see the folded model: the same checks, on the GQA it becomes
+    return ((export_hf and hf_export_problem(plain)) or (export_gguf and gguf_export_problem(plain, meta, gguf_dtype))
+            or None)
+
+
+def export(model, deployed, ckpt, src, tokens):
+    """The exports asked for, each written atomically after the fold is proved; the GGUF is then
+    run in llama.cpp against model (the checkpoint as trained) where llama-cpp-python is
+    installed."""
+    meta, vha, n_q_proj = ckpt.get("meta"), model.cfg.attn == "vha", model.cfg.n_q_proj
+    if export_hf:
+        try:  # written whole into a staging folder beside it, then renamed into place
+            with staged(export_hf) as staging:
+                names, note = write_hf(deployed, staging, meta, dict(ckpt=src, vha=vha, n_q_proj=n_q_proj), export_hf)
+        except OSError as e:
+            sys.exit(f"error: cannot write the Hugging Face export to {export_hf} ({e.strerror or e})")
+        print(f"exported Qwen3ForCausalLM to {export_hf}/ ({', '.join(names)}): "
+              f"transformers.AutoModelForCausalLM.from_pretrained({export_hf!r})" + (f"\nnote: {note}" if note else ""))
+        hf_check(model, export_hf, meta, tokens)
+    if export_gguf:
+        try:
+            note = write_gguf(deployed, export_gguf, meta, gguf_dtype)
+        except OSError as e:
+            sys.exit(f"error: cannot write the GGUF export to {export_gguf} ({e.strerror or e})")
+        print(f"exported GGUF (qwen3, {gguf_dtype}) to {export_gguf} "
+              f"({os.path.getsize(export_gguf) / 1e6:.1f} MB): "
+              f"llama_cpp.Llama(model_path={export_gguf!r})" + (f"\nnote: {note}" if note else ""))
+        if llamacpp.version() is None:
+            print("llama.cpp check: skipped "
+                  "(pip install -r requirements-llamacpp.txt to run the file in llama.cpp here)")
+            return
+        worst, scale, diverged = llamacpp.compare(export_gguf, model, tokens[0].tolist(), gen_tokens)
+        same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
+        print(f"llama.cpp check (llama-cpp-python {llamacpp.version()}): |logit diff| max "
+              f"{worst:.2e} at logit scale "
+              f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; greedy "
+              f"{gen_tokens} tokens: {same}")
+
+
+def hf_check(model, folder, meta, tokens):
+    """Runs the exported folder in transformers against the checkpoint as trained: logits and
+    greedy text."""
+    try:
+        import transformers
+    except ImportError:
+        print("transformers check: skipped "
+              "(pip install -r requirements-dev.txt to run the export in transformers here)")
+        return
+    worst, scale, diverged, same_text = hf_compare(folder, model, meta, tokens[0].tolist(), gen_tokens)
+    same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
+    text = "" if same_text is None else f"; greedy text {'equal to' if same_text else 'DIFFERENT from'} sample.py's"
+    print(f"transformers check (transformers {transformers.__version__}): |logit diff| max "
+          f"{worst:.2e} at logit scale "
+          f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; "
+          f"greedy {gen_tokens} tokens: {same}{text}")
+
+
+def build_decode(deployed):
+    """The speed layer, for sample.py (nanovha/engine/plan.py): the folded model's compiled steps
+    built (float32, and bf16 where native), then timed against eager; sample.py, on this
+    checkpoint or on the VHA one (which it folds into the same weights), reads the plan."""
+    print("planning decode for sample.py: building the compiled steps, then timing them against eager "
+          "(--compile_decode=False skips this) ...")
+    t0 = time.time()
+    plan = decode_plan(deployed, context_range(1, 1 + plan_tokens), compile_cache, build=True, replan=replan,
+                       by="fold.py")
+    print(plan, *(plan.details if verbose else []), sep="\n")
+    print(f"decode plan ready in {time.time() - t0:.0f} s: sample.py --out_dir={out_dir} --ckpt_name={out_name} "
+          f"follows it")
 
 
 # ---- what premix and postmix learned (--plot) ----
@@ -205,215 +412,6 @@ def save_plot(model, rows, path):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def outputs(dst):
-    """{flag: path} of what this fold writes."""
-    return {"--out_name": dst, "--export_hf": export_hf, "--export_gguf": export_gguf,
-            "--plot (fold_analysis.png)": plot and os.path.join(out_dir, "fold_analysis.png")}
-
-
-def check_args(src, dst):
-    """One-line refusals of the arguments themselves, before anything is read
-    (nanovha/outputs.py): no output over an input (the checkpoint, the run's log) or another
-    output, none in another run's folder, an existing export only with --overwrite=True,
-    --out_name a file name in out_dir, every output folder writable."""
-    if export_hf and os.path.exists(export_hf) and not os.path.isdir(export_hf):
-        return f"--export_hf={export_hf} is a file, not a folder"
-    if export_gguf and os.path.isdir(export_gguf):
-        return f"--export_gguf={export_gguf} is a folder; give a file name (e.g. model.gguf)"
-    inputs = {"--ckpt_name": src, "the run's log": os.path.join(out_dir, "log.jsonl"),
-              "the run's checkpoint": os.path.join(out_dir, "ckpt.pt")}
-    cache = compile_decode and device == "cpu" and (compile_cache or default_folder())
-    return (output_problem(outputs(dst), inputs, own=[out_dir], exports=["--export_hf", "--export_gguf"],
-                           overwrite=overwrite)
-            or file_name_problem(out_name) or (cache and writable_problem(cache, "--compile_cache")) or None)
-
-
-def check_model(src, c, meta):
-    """Why this checkpoint cannot be folded (or exported as asked), in one line, or None."""
-    if c.attn in ("mla", "mfa"):
-        return (f"nothing to fold: {src} is {c.attn.upper()} (attn={c.attn!r}), which has no premix or postmix; "
-                f"only VHA checkpoints fold, and the exports write Qwen3, which has no "
-                f"{c.attn.upper()} attention")
-    if c.attn == "gqa" and not (export_hf or export_gguf):
-        return (f"nothing to fold: {src} is already a plain "
-                f"{'MHA' if c.n_head == c.n_kv_head else 'GQA'} model "
-                f"(attn='gqa'); only VHA checkpoints fold "
-                "(it can still be exported with --export_hf=DIR or --export_gguf=FILE)")
-    if c.attn == "gqa" and plot:
-        return f"--plot shows premix/postmix, and {src} is plain GQA (attn='gqa'): there is nothing to plot"
-    if c.has_postmix and c.vha_postmix_act != "linear":
-        return (f"{src} has a SiLU postmix: a' = a + V silu(U^T a) is not linear in the head "
-                f"outputs a, so no matrix M "
-                f"can be absorbed into W_o and the model is not a GQA model; only "
-                f"vha_postmix_act='linear' folds")
-    plain = copy.copy(c)
-    plain.attn = "gqa"  # the exports see the folded model: the same checks, on the GQA it becomes
-    return ((export_hf and hf_export_problem(plain)) or (export_gguf and gguf_export_problem(plain, meta, gguf_dtype))
-            or None)
-
-
-def fold_and_prove(model, ckpt, src, dst):
-    """Folds, proves the fold on held-out text (float32 and float64), writes dst and reports.
-    -> (the folded model, the held-out tokens (N, T))."""
-    c, t0 = model.cfg, time.time()
-    # 1. Fold: W_q'[g*H_p + h] = P[g]^T W_q[h] and W_o'[:, h] = sum_j M[j, h] W_o[:, j], in float64,
-    #    cast to the checkpoint's dtype. Loaded back through load_model, the one loading path.
-    gqa = fold_to_gqa(model)
-    keep = {k: v for k, v in ckpt.items() if k not in ("model", "model_args", "optimizer", "scaler")}
-    folded_ckpt = dict(keep, model=gqa.state_dict(), model_args=asdict(gqa.cfg), folded_from=ckpt_name)
-    deployed = load_model(folded_ckpt, device)[0].eval()
-    t_fold = time.time() - t0
-
-    # 2. Proof: the same logits on held-out text and the same greedy text, in float64 (the fold's
-    #    algebra, folded without any cast) and float32 (the weights actually written).
-    tokens, source = proof_tokens(ckpt, c.vocab_size, c.block_size, eval_batches * batch_size)
-    tokens = tokens.to(device)
-    prompt = tokens[:1, :min(16, tokens.size(1))]  # (1, <=16)
-    results = {}
-    for dtype in (torch.float32, torch.float64):
-        vha = copy.deepcopy(model).to(dtype)
-        folded = deployed if dtype == torch.float32 else fold_to_gqa(vha).eval()
-        results[dtype] = (*logit_diff(vha, folded, tokens), first_difference(vha, folded, prompt))
-    worst64 = results[torch.float64][0]
-    with torch.no_grad():
-        scale = max(1.0, model(tokens[:1])[0].abs().max().item())
-    if not worst64 <= 1e-9 * scale:  # float64 exact fold: ~1e-14 * scale; any wrong index: >> 1e-3
-        sys.exit(f"error: the fold is not exact (max |logit diff| {worst64:.2e} in float64); {dst} was not written")
-    t_proof = time.time() - t0 - t_fold
-
-    # 3. Write (atomically), then report.
-    try:
-        save_checkpoint(folded_ckpt, dst)
-    except OSError as e:
-        sys.exit(f"error: cannot write {dst} ({e.strerror or e}); nothing was written")
-    pieces = [f"premix ({c.n_kv_head} groups of {c.head_dim}x{c.head_dim})" if c.has_premix else "",
-              f"linear postmix (rank {c.vha_postmix_rank})" if c.has_postmix else ""]
-    print(f"folded {src}: vha, {c.n_layer} layers, {c.n_q_proj} physical q heads, "
-          f"{' + '.join(filter(None, pieces))}, {c.n_attn_head} heads attend {c.n_kv_head} KV heads")
-    print(f"    -> {dst}: gqa, n_head={gqa.cfg.n_head}, n_kv_head={gqa.cfg.n_kv_head}, "
-          f"head_dim={gqa.cfg.head_dim}")
-    print(f"proof on {source}:")
-    for dtype, (worst, mean, diverged) in results.items():
-        name = str(dtype).replace("torch.", "")
-        same = "identical" if diverged is None else f"DIFFERENT from token {diverged} ({name} rounding at a near-tie)"
-        print(f"  {name:<8} |logit diff| max {worst:.2e}, mean {mean:.2e}; greedy {gen_tokens} tokens: {same}")
-    print(f"params: {model.num_params():,} -> {deployed.num_params():,}   KV cache: "
-          f"{kv_bytes_per_token(model.cfg, torch.bfloat16):,} -> "
-          f"{kv_bytes_per_token(deployed.cfg, torch.bfloat16):,} "
-          f"bytes/token (bf16)")
-    print(f"time: fold {t_fold:.2f} s, proof {t_proof:.2f} s")
-    return deployed, tokens
-
-
-def hf_check(model, folder, meta, tokens):
-    """Runs the exported folder in transformers against the checkpoint as trained: logits and
-    greedy text."""
-    try:
-        import transformers
-    except ImportError:
-        print("transformers check: skipped "
-              "(pip install -r requirements-dev.txt to run the export in transformers here)")
-        return
-    worst, scale, diverged, same_text = hf_compare(folder, model, meta, tokens[0].tolist(), gen_tokens)
-    same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
-    text = "" if same_text is None else f"; greedy text {'equal to' if same_text else 'DIFFERENT from'} sample.py's"
-    print(f"transformers check (transformers {transformers.__version__}): |logit diff| max "
-          f"{worst:.2e} at logit scale "
-          f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; "
-          f"greedy {gen_tokens} tokens: {same}{text}")
-
-
-def export(model, deployed, ckpt, src, tokens):
-    """The exports asked for, each written atomically after the fold is proved; the GGUF is then
-    run in llama.cpp against model (the checkpoint as trained) where llama-cpp-python is
-    installed."""
-    meta, vha, n_q_proj = ckpt.get("meta"), model.cfg.attn == "vha", model.cfg.n_q_proj
-    if export_hf:
-        try:  # written whole into a staging folder beside it, then renamed into place
-            with staged(export_hf) as staging:
-                names, note = write_hf(deployed, staging, meta, dict(ckpt=src, vha=vha, n_q_proj=n_q_proj), export_hf)
-        except OSError as e:
-            sys.exit(f"error: cannot write the Hugging Face export to {export_hf} ({e.strerror or e})")
-        print(f"exported Qwen3ForCausalLM to {export_hf}/ ({', '.join(names)}): "
-              f"transformers.AutoModelForCausalLM.from_pretrained({export_hf!r})" + (f"\nnote: {note}" if note else ""))
-        hf_check(model, export_hf, meta, tokens)
-    if export_gguf:
-        try:
-            note = write_gguf(deployed, export_gguf, meta, gguf_dtype)
-        except OSError as e:
-            sys.exit(f"error: cannot write the GGUF export to {export_gguf} ({e.strerror or e})")
-        print(f"exported GGUF (qwen3, {gguf_dtype}) to {export_gguf} "
-              f"({os.path.getsize(export_gguf) / 1e6:.1f} MB): "
-              f"llama_cpp.Llama(model_path={export_gguf!r})" + (f"\nnote: {note}" if note else ""))
-        if llamacpp.version() is None:
-            print("llama.cpp check: skipped "
-                  "(pip install -r requirements-llamacpp.txt to run the file in llama.cpp here)")
-            return
-        worst, scale, diverged = llamacpp.compare(export_gguf, model, tokens[0].tolist(), gen_tokens)
-        same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
-        print(f"llama.cpp check (llama-cpp-python {llamacpp.version()}): |logit diff| max "
-              f"{worst:.2e} at logit scale "
-              f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; greedy "
-              f"{gen_tokens} tokens: {same}")
-
-
-def main(argv):
-    globals().update(settings(defaults, argv, limits=LIMITS))
-    src, dst = os.path.join(out_dir, ckpt_name), os.path.join(out_dir, out_name)
-    if problem := check_args(src, dst):
-        sys.exit(f"error: {problem}")
-    try:
-        with holding(out_dir):  # not while train.py (or another fold.py) writes this folder
-            fold_run(src, dst)
-    except Busy as e:
-        sys.exit(f"error: {e}")
-
-
-def fold_run(src, dst):
-    # Every check comes before the first write: a refused input leaves nothing behind.
-    try:
-        model, ckpt = load_model(src, device)
-    except (FileNotFoundError, ImportError, ValueError) as e:
-        sys.exit(f"error: {e}")
-    c, model = model.cfg, model.eval()
-    proof_data = [os.path.join(folder, name) for folder in filter(None, proof_folders(ckpt))
-                  for name in ("val.bin", "meta.pkl")]
-    over_data = (clobber_problem(outputs(dst), {"the data the proof reads": path}) for path in proof_data)
-    if problem := check_model(src, c, ckpt.get("meta")) or next(filter(None, over_data), None):
-        sys.exit(f"error: {problem}")
-    if c.attn == "gqa":
-        print(f"{src} is already plain GQA (n_head={c.n_head}, n_kv_head={c.n_kv_head}): nothing to fold, "
-              "exporting it as is")
-        deployed, tokens = model, proof_tokens(ckpt, c.vocab_size, c.block_size, 1)[0]
-    else:
-        deployed, tokens = fold_and_prove(model, ckpt, src, dst)
-    if plot:
-        rows = analysis(model)
-        print_analysis(model, rows)
-        path = os.path.join(out_dir, "fold_analysis.png")
-        save_plot(model, rows, path)
-        print(f"saved {path}")
-    export(model, deployed, ckpt, src, tokens)
-    if compile_decode and device == "cpu" and c.attn != "gqa":
-        build_decode(deployed)
-
-
-def build_decode(deployed):
-    """The folded model's decode plan for sample.py's default generation (nanovha/plan.py): the
-    compiled steps built for float32 and bf16 where native, then every candidate timed; sample.py
-    (on this checkpoint or on the VHA one, which it folds into the same weights) reads the plan
-    and loads the package it chose."""
-    reach = context_range(1, 1 + plan_tokens)
-    print(f"planning decode for sample.py (contexts {reach[0]}-{reach[1]}): building the compiled steps, then timing "
-          f"them against eager (--compile_decode=False skips this) ...")
-    t0 = time.time()
-    plan = decode_plan(deployed, compile_cache or default_folder(), reach, build=True, replan=replan, by="fold.py")
-    print(f"plan: {plan.line}")
-    print(f"decode plan ready in {time.time() - t0:.0f} s: sample.py --out_dir={out_dir} "
-          f"--ckpt_name={out_name} runs "
-          f"{plan.runtime} {plan.dtype}" + (f" ({plan.step.path})" if plan.step else ""))
 
 
 if __name__ == "__main__":

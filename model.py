@@ -2,8 +2,7 @@
 nanoVHA model: a Qwen3-style decoder with GQA and Virtual Head Attention (VHA), in one file.
 
 Reads top to bottom: RMSNorm, RoPE, KV cache, attention (GQA + VHA premix/postmix), MLP, block,
-config, model, and the fold. In nanovha/, one job each: kernels.py (the fast attention paths), mla_mfa.py
-(MLA, MFA: the kinds VHA is compared with), generate.py, paired_init.py, costs.py, checkpoint.py, health.py.
+config, model, and the fold. It needs no engine: nanovha/engine/ only makes decode fast (docs/architecture.md).
 
 VHA in one picture, head counts as the paper names them: H_v = n_head = 8 (virtual) query heads attend,
 H_kv = n_kv_head = 2 KV heads, H_p = n_q_proj = H_v / H_kv = 4 physical query projections:
@@ -27,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nanovha.kernels import CACHE_BLOCK, decode_attention, kv_memory, sdpa
+from nanovha.kernels import CACHE_BLOCK, decode_attention, kv_memory
 from nanovha.paired_init import init_weights
 
 
@@ -96,6 +95,28 @@ def plain_attention(q, k, v):
     return scores.softmax(dim=-1) @ v  # (B, H_q, Tq, hd)
 
 
+def kv_expand_needed(device_type, dtype, H_q, H_kv):
+    """True only for grouped heads in float32 on CUDA, where no fused SDPA kernel takes enable_gqa."""
+    return device_type == "cuda" and dtype == torch.float32 and H_q != H_kv
+
+
+def sdpa(q, k, v, is_causal=False, dropout_p=0.0, expand_kv=None):
+    """plain_attention fused (F.scaled_dot_product_attention over grouped heads): q (B, H_q, Tq, hd),
+    k/v (B, H_kv, Tk, hd) -> (B, H_q, Tq, hd). expand_kv=None decides by device and (autocast) dtype;
+    True/False forces it (the tests run the CUDA branch on CPU)."""
+    if expand_kv is None:
+        dtype = torch.get_autocast_dtype("cuda") if q.is_cuda and torch.is_autocast_enabled("cuda") else q.dtype
+        expand_kv = kv_expand_needed(q.device.type, dtype, q.size(1), k.size(1))
+    # SPECIAL CASE, fp32 on CUDA: expand, else GQA runs the math path (flash/cuDNN: fp16/bf16 only;
+    # mem-efficient: no GQA, pytorch#139586)
+    if expand_kv:
+        group = q.size(1) // k.size(1)
+        k = k.repeat_interleave(group, dim=1)  # (B, H_q, Tk, hd): head j reads KV head j // group
+        v = v.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, dropout_p=dropout_p,
+                                          enable_gqa=not expand_kv)
+
+
 class Attention(nn.Module):
     """GQA attention; with attn="vha" it adds Q premix and postmix, in this order:
     projections -> premix -> QK-norm -> RoPE -> causal attention -> postmix -> W_o."""
@@ -122,6 +143,7 @@ class Attention(nn.Module):
             self.postmix_V = nn.Parameter(torch.zeros(H, r))  # V=0: exactly the identity at init
         self.cache_dims = (cfg.n_kv_head, d, d)  # KVCache: heads, key width, value width
         self.kv_cache = None
+        self.decode_kernel = "sdpa"  # the static step's one-token attention (GPT.set_decode_kernel)
 
     def apply_premix(self, q):
         """(B, T, H_p, d) -> (B, T, H_v, d), virtual head j = g*H_p + h gets q_h @ P[g]. One matmul:
@@ -158,7 +180,8 @@ class Attention(nn.Module):
         if start_pos is not None:  # a (1,) tensor start_pos: a compiled step's static shapes
             k, v = self.kv_cache.update(start_pos, k, v)  # (B, H_kv, start_pos+T, d); static: all of it
         if T == 1 and start_pos is not None and (torch.is_tensor(start_pos) or cfg.decode_impl == "grouped"):
-            return decode_attention(q, k, v, start_pos)  # one token: each KV head read once (kernels.py)
+            # one token: each KV head read once for its group (kernels.py), by the kernel the plan chose
+            return decode_attention(q, k, v, start_pos, self.decode_kernel)
         if cfg.attn_impl == "plain":
             return plain_attention(q, k, v)
         # prefill starts at 0 and training has no cache, so the causal mask is the square one
@@ -263,7 +286,7 @@ class GPTConfig:
     mla_rope_dim: Optional[int] = None  # MLA: width d_R of the shared RoPE key (default head_dim // 2)
     mla_decode: Literal["absorb", "naive"] = "absorb"  # MLA's decode: over the latent, or up-projected
     attn_impl: Literal["sdpa", "plain"] = "sdpa"  # plain: the readable reference
-    decode_impl: Literal["grouped", "sdpa"] = "grouped"  # eager one-token decode: a matmul per KV head
+    decode_impl: Literal["grouped", "sdpa"] = "grouped"  # eager one-token decode: per KV head, or SDPA
 
     def __post_init__(self):
         """Fills the None defaults and refuses what the model cannot build: a ValueError naming the fix."""
@@ -377,14 +400,24 @@ class GPT(nn.Module):
         return rope_cos_sin(positions, self.cfg.rope_dim, self.cfg.rope_theta, self.embed.weight.dtype)
 
     # ---- decoding with a preallocated KV cache (gpt-fast style); the loop is nanovha/generate.py
-    def setup_cache(self, batch_size, max_len, dtype=None, device=None):
-        """One KVCache per layer for positions 0..max_len-1 (in the weights' dtype unless given), rounded
-        up to whole blocks of CACHE_BLOCK positions, which the compiled decode step cuts into chunks."""
-        dtype, device = dtype or self.embed.weight.dtype, device or self.embed.weight.device
+    def setup_cache(self, batch_size, max_len):
+        """One KVCache per layer for positions 0..max_len-1, in the weights' dtype, rounded up to whole
+        blocks of CACHE_BLOCK positions, which the compiled decode step cuts into chunks."""
+        dtype, device = self.embed.weight.dtype, self.embed.weight.device
         max_len = -(-max_len // CACHE_BLOCK) * CACHE_BLOCK  # ceil to a whole number of blocks
         dims = [block.attn.cache_dims for block in self.blocks]  # (heads, k_dim, v_dim) per layer
-        for block, (k, v) in zip(self.blocks, kv_memory(batch_size, max_len, dims, dtype, torch.device(device))):
+        for block, (k, v) in zip(self.blocks, kv_memory(batch_size, max_len, dims, dtype, device)):
             block.attn.kv_cache = KVCache(k, v)  # (B, heads, max_len, k_dim), (B, heads, max_len, v_dim)
+
+    def kv_caches(self):
+        """Every layer's KVCache (None before setup_cache): how code outside this file reaches them."""
+        return [block.attn.kv_cache for block in self.blocks]
+
+    def set_decode_kernel(self, kernel):
+        """The one-token attention of the static (compiled) step: "sdpa" or "nanovha" (kernels.py)."""
+        for block in self.blocks:
+            block.attn.decode_kernel = kernel
+        return self
 
     @torch.no_grad()
     def prefill(self, idx):

@@ -28,12 +28,12 @@ from nanovha.checkpoint import save_checkpoint
 from nanovha.config import flat_defaults, settings, stop_if
 from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.distill import drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
-from nanovha.compiled_decode import default_folder
-from nanovha.hardware import autocast_for, choose_compile, choose_dtype, compile_counters, gpu_spec, training_step
+from nanovha.hardware import (autocast_for, choose_compile, choose_dtype, compile_counters, dtype_name, gpu_spec,
+                              training_step)
 from nanovha.health import vha_health
 from nanovha.outputs import hold, resolved
 from nanovha.peers import PeerWatch, start_ddp
-from nanovha.plan import train_plan
+from nanovha.engine.plan import train_plan
 from nanovha.preflight import (cut_log, disk_problem, knob_problem, lr_schedule,
                                outputs_problem, prepare_out_dir, start_checkpoint, start_log, teacher_problem,
                                tokenizer_fix, vocab_mismatch, warmup_problem)
@@ -105,7 +105,7 @@ min_lr = None  # default learning_rate / 10
 # system
 device = "auto"  # auto picks cuda, then mps, then cpu; or "cpu", "cuda", "cuda:1", "mps"
 dtype = "auto"  # auto: CUDA bf16 autocast (fp16 on old GPUs); a CPU follows the plan for this model and machine
-# (nanovha/plan.py: fp32 against bf16 autocast timed on the run's own step, kept for the next run)
+# (nanovha/engine/plan.py: fp32 against bf16 autocast timed on the run's own step, kept for the next run)
 replan = False  # CPU, dtype auto: time fp32 against bf16 again rather than use the plan kept for this model
 compile = None  # None: on for CUDA, off elsewhere (hardware.choose_compile)
 ddp_timeout = 600  # DDP: seconds a process waits for the others in a collective (a hung peer) before it stops
@@ -267,7 +267,8 @@ if dtype == "auto" and resuming and ckpt.get("dtype"):
 elif dtype == "auto" and device_type == "cpu":
     probe_batch = get_batch("train", torch.Generator().manual_seed(seed + 4))
     plan_key = [sorted(model_args.items()), tuple(probe_batch[0].shape), compile, device]
-    dtype, dtype_reason = train_plan(training_step(model, *probe_batch), plan_key, default_folder(), replan)
+    plan = train_plan(training_step(model, *probe_batch), plan_key, replan=replan)
+    dtype, dtype_reason = dtype_name(plan.dtype), str(plan).removeprefix("plan: ")
 else:
     dtype, dtype_reason = choose_dtype(device_type, dtype)
 if ddp:

@@ -11,6 +11,7 @@ instruction set alone, so "auto" is timed there on the run's own work (nanovha/p
 uses cpu_bf16_support and cpu_kind from here).
 """
 import copy
+import os
 import platform
 import re
 import statistics
@@ -108,10 +109,21 @@ def choose_compile(device_type, compile):
     return device_type == "cuda", f"compile {device_type == 'cuda'}: the default on {device_type}"
 
 
+def torch_dtype(name):
+    """A dtype's name as the commands take it ("float32", "bfloat16", ...) -> the torch.dtype."""
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+            "float64": torch.float64}[name]
+
+
+def dtype_name(dtype):
+    """torch.bfloat16 -> "bfloat16": how a dtype is printed and kept in files."""
+    return str(dtype).removeprefix("torch.")
+
+
 def autocast_for(device_type, dtype):
     """The autocast context of a run in `dtype`: bf16/fp16 autocast, none for float32/float64
     (weights in that dtype)."""
-    return torch.autocast(device_type, dtype=getattr(torch, dtype), enabled=dtype in ("bfloat16", "float16"))
+    return torch.autocast(device_type, dtype=torch_dtype(dtype), enabled=dtype in ("bfloat16", "float16"))
 
 
 # Spec-sheet peaks of each GPU under its exact torch.cuda.get_device_name(): dense bf16 (fp16 where
@@ -173,14 +185,57 @@ def timed(fn, device_type="cpu", clock=time.perf_counter):
     return clock() - t0
 
 
+def measure(fns, rounds, min_s=0.0, warmup=1, device_type="cpu", clock=time.perf_counter):
+    """The one timing harness (the benchmarks and nanovha/engine/plan.py): {name: fn} ->
+    ({name: [seconds per call, one per round]}, {name: seconds of its first call}). `warmup`
+    untimed rounds, then `rounds` rounds in which every fn runs in an order rotated by one each
+    round, so machine noise hits them alike; within a round a fn is called again until min_s has
+    passed (a 2-ms step is repeated, not timed once)."""
+    names, first, times = list(fns), {}, {name: [] for name in fns}
+    for _ in range(warmup):
+        for name in names:
+            first.setdefault(name, timed(fns[name], device_type, clock))
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            spent, calls = 0.0, 0
+            while calls == 0 or spent < min_s:
+                spent += timed(fns[name], device_type, clock)
+                calls += 1
+            times[name].append(spent / calls)
+    return times, first
+
+
 def interleaved(fns, n_timed, warmup, device_type="cpu", clock=time.perf_counter):
-    """warmup + n_timed rounds, each calling every fn once in turn, so machine noise hits them
-    alike; the median seconds per fn, warm-up excluded."""
-    times = {name: [] for name in fns}
-    for _ in range(warmup + n_timed):
-        for name, fn in fns.items():
-            times[name].append(timed(fn, device_type, clock))
-    return {name: statistics.median(ts[warmup:]) for name, ts in times.items()}
+    """The median seconds per call of each fn over n_timed interleaved rounds (measure), after
+    `warmup` untimed ones."""
+    times = measure(fns, n_timed, warmup=warmup, device_type=device_type, clock=clock)[0]
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def others_busy(read=None):
+    """-> stop(): call it when a timing ends; it returns the cores other processes (and the
+    hypervisor: steal) kept busy meanwhile, from /proc/stat and /proc/self/stat, or None where
+    those cannot be read."""
+    def snapshot():
+        try:
+            with open("/proc/stat") as f:
+                cpu = [int(v) for v in f.readline().split()[1:]]
+            with open("/proc/self/stat") as f:
+                mine = f.read().rsplit(")", 1)[1].split()
+            # all, busy, this process
+            return sum(cpu), sum(cpu) - cpu[3] - cpu[4], int(mine[11]) + int(mine[12])
+        except (OSError, IndexError, ValueError):
+            return None
+    read = read or snapshot
+    start = read()
+
+    def stop():
+        end = read()
+        if start is None or end is None or end[0] <= start[0]:
+            return None
+        total, busy, mine = (e - s for e, s in zip(end, start))
+        return max(0.0, (busy - mine) / (total / (os.cpu_count() or 1)))
+    return stop
 
 
 def copy_bandwidth(device, mib=1024):

@@ -1,50 +1,16 @@
 """
-The fast paths model.py calls, beside the attention it teaches: the same math along another road
-(tests/test_model.py and tests/test_mla_mfa.py check each against plain_attention, in float64).
-Torch only: model.py imports it.
-
-    sdpa                       training and prefill: PyTorch's fused attention over grouped heads
-    decode_attention           one decoded token: which of the ones below runs
-    grouped_decode_attention   eager one-token decode: one matmul per KV head, the group's query heads as its rows
-    static_attention           the static (compiled) decode step: the kernel chosen for it (decode_kernel_for)
-    split_kv_attention           SDPA per KV head, the cache cut into chunks when there are fewer KV heads than
-                                 threads (flash-decoding)
-    torch.ops.nanovha.decode_attention   or ours (nanovha/csrc/decode_attention.cpp, loaded by
-                                 nanovha/decode_kernel.py): the group as SIMD lanes, for a few query rows
-    use_decode_layout(model)   Linear weights stored (in, out): streamed faster by x @ W^T at batch 1 on a CPU
-    kv_memory, cache_zeros     the memory of the KV caches: one allocation, in 2 MB pages on a Linux CPU
+The fast decode paths model.py calls, each the same math as its plain_attention along another road
+(tests/test_model.py and tests/test_mla_mfa.py check them in float64): the one-token attention,
+each KV head read once for its group (SDPA split along the cache, or our C++ op, as the plan
+chose), the KV memory in 2 MB pages, the decode weight layout. Torch only; part of the engine
+(docs/architecture.md).
 """
-import contextlib
 import math
 import mmap
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-def kv_expand_needed(device_type, dtype, H_q, H_kv):
-    """True only for grouped heads in float32 on CUDA, where no fused SDPA kernel takes
-    enable_gqa."""
-    return device_type == "cuda" and dtype == torch.float32 and H_q != H_kv
-
-
-def sdpa(q, k, v, is_causal=False, dropout_p=0.0, expand_kv=None):
-    """F.scaled_dot_product_attention over grouped heads: q (B, H_q, Tq, hd), k/v (B, H_kv, Tk,
-    hd)
-    -> (B, H_q, Tq, hd). expand_kv=None decides by device and (autocast) dtype; True/False forces it (the tests run
-    the CUDA branch on CPU)."""
-    if expand_kv is None:
-        dtype = torch.get_autocast_dtype("cuda") if q.is_cuda and torch.is_autocast_enabled("cuda") else q.dtype
-        expand_kv = kv_expand_needed(q.device.type, dtype, q.size(1), k.size(1))
-    # SPECIAL CASE, fp32 on CUDA: expand, else GQA runs the math path (flash/cuDNN: fp16/bf16 only;
-    # mem-efficient: no GQA, pytorch#139586)
-    if expand_kv:
-        group = q.size(1) // k.size(1)
-        k = k.repeat_interleave(group, dim=1)  # (B, H_q, Tk, hd): head j reads KV head j // group
-        v = v.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, dropout_p=dropout_p,
-                                          enable_gqa=not expand_kv)
 
 
 CACHE_BLOCK = 64  # KV caches hold whole blocks of this many positions (see split_kv_attention)
@@ -112,57 +78,29 @@ def split_kv_attention(q, k, v, visible, scale=None, splits=None):
     return (out.view(B, H_kv, S, G, d).to(acc) * w).sum(dim=2).to(q.dtype)  # (B, H_kv, G, d)
 
 
-DECODE_KERNELS = ("sdpa", "nanovha")  # the static decode step's candidates, the safe one first
-_decode_kernel = ["sdpa"]
+DECODE_KERNELS = ("sdpa", "nanovha")  # the static decode step's one-token attention, the safe one first
 
 
-@contextlib.contextmanager
-def decode_kernel_for(name):
-    """Within it, the static decode step calls kernel `name` (a compiled step bakes in the one
-    set while it is traced; nanovha/plan.py times the two and picks)."""
-    assert name in DECODE_KERNELS, name
-    _decode_kernel.append(name)
-    try:
-        yield
-    finally:
-        _decode_kernel.pop()
-
-
-def static_attention(q, k, v, start_pos, scale=None):
+def static_attention(q, k, v, start_pos, kernel="sdpa", scale=None):
     """One decoded token over a static cache: q (B, H_kv, G, d), k (B, H_kv, T, d), v (B, H_kv,
-    T, d_v), positions 0..start_pos written ((1,) tensor) -> (B, H_kv, G, d_v), by the kernel in
-    force (decode_kernel_for)."""
-    if _decode_kernel[-1] == "nanovha" and q.device.type == "cpu":
+    T, d_v), positions 0..start_pos written ((1,) tensor) -> (B, H_kv, G, d_v), by `kernel`
+    (the attention's decode_kernel, set by the plan): "sdpa" (split_kv_attention) or "nanovha"
+    (our C++ op, nanovha/engine/csrc/, once nanovha/engine/kernel.py has loaded it)."""
+    if kernel == "nanovha" and q.device.type == "cpu":
         return torch.ops.nanovha.decode_attention(q, k, v, start_pos, scale or q.size(-1) ** -0.5)
     visible = torch.arange(k.size(2), device=k.device) <= start_pos  # (T,): the positions written
     return split_kv_attention(q, k, v, visible, scale)
 
 
-def grouped_decode_attention(q, k, v):
-    """One-token decode (Tq=1) with one matmul per KV head: reads each cached K/V once, however
-    many query heads share it (CPU SDPA with enable_gqa does per-query-head work at Tq=1). q: (B,
-    H_q, 1, hd), k/v hold exactly the past. The compiled step does the same with SDPA over the
-    group as query rows (attend)."""
-    B, H_q, _, hd = q.shape
-    H_kv = k.size(1)
-    # (B, H_kv, group, hd): heads j = g*group + i; scaled
-    qg = q.view(B, H_kv, H_q // H_kv, hd) * hd ** -0.5
-    # (B, H_kv, group, Tk): scaling q is cheaper than scaling Tk scores
-    scores = qg @ k.transpose(-2, -1)
-    out = scores.softmax(dim=-1) @ v  # (B, H_kv, group, hd)
-    return out.view(B, H_q, 1, hd)
-
-
-def decode_attention(q, k, v, start_pos):
-    """One decoded token q (B, H, 1, d) over the cache k, v (B, H_kv, T, d) -> (B, H, 1, d), each
-    KV head read once for its whole group. start_pos a (1,) tensor: the static (compiled) step, k
-    and v the whole cache, positions after start_pos masked; an int: k and v hold exactly the
-    past (eager)."""
-    if not isinstance(start_pos, torch.Tensor):
-        return grouped_decode_attention(q, k, v)
+def decode_attention(q, k, v, start_pos, kernel="sdpa"):
+    """One decoded token q (B, H, 1, d) over the cache k, v (B, H_kv, T, d) -> (B, H, 1, d), each KV
+    head read once for its whole group, by `kernel` (static_attention). start_pos a (1,) tensor:
+    the static (compiled) step, k and v the whole cache; an int (eager): k and v hold the past."""
     B, H, _, d = q.shape
+    if not isinstance(start_pos, torch.Tensor):  # every position held is visible
+        start_pos = torch.tensor([k.size(2) - 1], device=q.device)
     qg = q.view(B, k.size(1), H // k.size(1), d)  # (B, H_kv, group, d): heads j = g*group + i
-    return static_attention(qg, k, v, start_pos).view(B, H, 1, d)  # (B, H_kv, group, d) -> (B, H, 1, d)
+    return static_attention(qg, k, v, start_pos, kernel).view(B, H, 1, d)  # -> (B, H, 1, d)
 
 
 @torch.no_grad()

@@ -85,6 +85,7 @@ class MLAttention(nn.Module):
         self.o_proj = nn.Linear(H * d, D, bias=False)
         self.cache_dims = (1, r + dR, 0)  # KVCache: one latent "head", k <- [c_kv ; k_R], v unused
         self.kv_cache = None
+        self.decode_kernel = "sdpa"  # the static step's one-token attention (GPT.set_decode_kernel)
 
     @staticmethod
     def check_config(cfg):
@@ -166,7 +167,7 @@ class MLAttention(nn.Module):
             visible = torch.ones(kv.size(2), dtype=torch.bool, device=kv.device)  # (Tk,)
             a = split_kv_attention(q, kv, kv, visible, scale=scale)  # (B, 1, H, r + d_R)
         else:
-            a = static_attention(q, kv, kv, start_pos, scale=scale)  # (B, 1, H, r + d_R)
+            a = static_attention(q, kv, kv, start_pos, self.decode_kernel, scale)  # (B, 1, H, r + d_R)
         a_latent = a[..., :r].transpose(1, 2)  # (B, H, 1, r): sum_t p_t c_t
         return a_latent @ W_uv.transpose(-2, -1)  # (B, H, 1, d): W_uv,h (sum_t p_t c_t)
 

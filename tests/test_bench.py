@@ -39,9 +39,9 @@ def test_static_shape_decode_equals_uncached_forward_float64(name, decode_impl):
     with torch.no_grad():
         full = model(x)[0]
     model.setup_cache(batch_size=2, max_len=45)
-    for block in model.blocks:  # garbage everywhere; prefill and decode overwrite what they use
-        block.attn.kv_cache.k.normal_(0, 10)
-        block.attn.kv_cache.v.normal_(0, 10)
+    for cache in model.kv_caches():  # garbage everywhere; prefill and decode overwrite what they use
+        cache.k.normal_(0, 10)
+        cache.v.normal_(0, 10)
     steps = [model.prefill(x[:, :12])]
     for pos in range(12, 29):
         steps.append(model.decode_one_token(x[:, pos:pos + 1], torch.tensor([pos])))

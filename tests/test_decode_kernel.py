@@ -1,21 +1,21 @@
-"""Our one-token CPU attention kernel (nanovha/csrc/decode_attention.cpp): the same numbers as one softmax over the
-written positions, in float64 to rounding, in float32 and bf16 to their precision, whichever compiled-in shape or
-scalar path runs and however the cache is cut among threads; never a read past the position; the static decode step
-through it equal to the uncached forward; the plan that picks it; the KV memory it streams."""
+"""Our one-token CPU attention kernel (nanovha/engine/csrc/decode_attention.cpp): the same numbers as one softmax
+over the written positions, in float64 to rounding, in float32 and bf16 to their precision, whichever compiled-in
+shape or scalar path runs and however the cache is cut among threads; never a read past the position; the static
+decode step through it equal to the uncached forward; the plan that picks it; the KV memory it streams."""
 import os
 
 import pytest
 import torch
 
-from nanovha import decode_kernel, plan
-from nanovha.kernels import decode_kernel_for, kv_memory, static_attention
+from nanovha.engine import kernel as our_op, plan
+from nanovha.kernels import kv_memory, static_attention
 from test_mla_mfa import MFA, MLA, decode_all
 from test_model import make
 
 
 @pytest.fixture(scope="module", autouse=True)
 def built():
-    assert decode_kernel.load() is None  # CI has a C++ compiler and ninja: the kernel must build
+    assert our_op.load() is None  # CI has a C++ compiler and ninja: the kernel must build
     return True
 
 
@@ -29,6 +29,7 @@ def reference(q, k, v, pos, scale):
 # (B, H_kv, G, D, D_v, T, pos, dtype, tolerance relative to the largest output): the compiled-in shapes (groups of
 # 4/8/16, rows of 16-128), the scalar path (any other shape, and float64), chunks merged (T past 512), and a
 # position far short of the cache
+BF16 = 1e-2
 CASES = {
     "gqa2_float64": (1, 2, 8, 32, 32, 700, 699, torch.float64, 1e-13),
     "odd_shape_float64": (2, 3, 5, 24, 20, 600, 333, torch.float64, 1e-13),
@@ -37,12 +38,12 @@ CASES = {
     "demo_float32": (1, 2, 4, 16, 16, 300, 299, torch.float32, 2e-6),
     "odd_shape_float32": (1, 2, 5, 24, 24, 900, 700, torch.float32, 2e-6),
     "one_position_float32": (1, 2, 8, 128, 128, 640, 0, torch.float32, 2e-6),
-    "gqa2_bf16": (1, 2, 8, 32, 32, 1500, 1499, torch.bfloat16, 1e-2),
-    "mfa_bf16": (1, 1, 16, 64, 64, 2000, 1200, torch.bfloat16, 1e-2),
-    "mqa_bf16": (1, 1, 16, 32, 32, 3000, 2950, torch.bfloat16, 1e-2),
-    "mla_rows_bf16": (1, 1, 16, 128, 128, 1100, 1000, torch.bfloat16, 1e-2),
-    "short_bf16": (2, 1, 16, 32, 32, 64, 20, torch.bfloat16, 1e-2),
-    "gqa8_bf16_scalar_path": (1, 8, 2, 32, 32, 700, 699, torch.bfloat16, 1e-2),
+    "gqa2_bf16": (1, 2, 8, 32, 32, 1500, 1499, torch.bfloat16, BF16),
+    "mfa_bf16": (1, 1, 16, 64, 64, 2000, 1200, torch.bfloat16, BF16),
+    "mqa_bf16": (1, 1, 16, 32, 32, 3000, 2950, torch.bfloat16, BF16),
+    "mla_rows_bf16": (1, 1, 16, 128, 128, 1100, 1000, torch.bfloat16, BF16),
+    "short_bf16": (2, 1, 16, 32, 32, 64, 20, torch.bfloat16, BF16),
+    "gqa8_bf16_scalar_path": (1, 8, 2, 32, 32, 700, 699, torch.bfloat16, BF16),
 }
 
 
@@ -84,19 +85,17 @@ def test_static_decode_through_the_kernel_equals_the_uncached_forward(kw, dtype)
     model = make(dtype=dtype, **kw)
     x = torch.randint(0, 41, (2, 14), generator=torch.Generator().manual_seed(1))
     full = model(x)[0]
-    with decode_kernel_for("nanovha"):
-        got = decode_all(model, x, 5, static=True)
+    got = decode_all(model.set_decode_kernel("nanovha"), x, 5, static=True)
     assert (got - full[:, 4:]).abs().max() < (1e-12 if dtype == torch.float64 else 1e-4)
 
 
-def test_static_attention_follows_the_kernel_in_force(monkeypatch):
+def test_static_attention_calls_the_kernel_asked_for(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.ops.nanovha, "decode_attention", lambda *a: calls.append(a) or a[0])
     q, k = torch.randn(1, 1, 4, 16), torch.randn(1, 1, 64, 16)
     static_attention(q, k, k, torch.tensor([3]))
-    assert not calls  # SDPA unless a kernel is set
-    with decode_kernel_for("nanovha"):
-        static_attention(q, k, k, torch.tensor([3]))
+    assert not calls  # SDPA unless our kernel is asked for
+    static_attention(q, k, k, torch.tensor([3]), "nanovha")
     assert len(calls) == 1 and calls[0][-1] == 16 ** -0.5
 
 
@@ -114,50 +113,52 @@ def test_kv_memory_is_one_zeroed_allocation_in_views():
 @pytest.mark.parametrize("faster, picked", [("nanovha", "nanovha"), ("sdpa", "sdpa"), (None, "sdpa")],
                          ids=["ours_faster", "sdpa_faster", "a_tie_keeps_sdpa"])
 def test_the_plan_times_both_kernels_and_keeps_the_choice(tmp_path, monkeypatch, faster, picked):
-    """attention_kernel times SDPA and ours on the model's own attention: a clear winner is taken, a tie keeps
-    SDPA, and the choice is read back from the plan file without timing again."""
-    now, real = [0.0], plan.attention_calls
-    cost = {k: 2e-3 if faster and k != faster else 1e-3 for k in ("sdpa", "nanovha")}
+    """choose_attention times SDPA and ours on the model's own attention: a clear winner is taken, a tie keeps SDPA
+    (and is not settled: no new package is built for it), and the choice is read back without timing again."""
+    import time
+    real = plan.attention_calls
+    pause = {k: 0.04 if faster and k != faster else 0.02 for k in ("sdpa", "nanovha")}  # the calls: ~0.1 ms apart
 
-    def calls(model, ctx):  # the real calls, under a clock that each one advances by its kernel's cost
+    def calls(model, ctx):  # the real calls, each made slower by its kernel's pause
         fns = real(model, ctx)
-
-        def timed(kernel):
-            fns[kernel]()
-            now[0] += cost[kernel]
-        return {kernel: (lambda kernel=kernel: timed(kernel)) for kernel in fns}
+        return {k: (lambda k=k: (fns[k](), time.sleep(pause[k]))) for k in fns}
     monkeypatch.setattr(plan, "attention_calls", calls)
-    monkeypatch.setattr(plan, "MIN_S", 0.005)
+    monkeypatch.setattr(plan, "MIN_S", 0.02)
     monkeypatch.setattr(plan, "others_busy", lambda read=None: (lambda: 0.0))  # quiet, whatever runs beside
     model = make(dtype=torch.float32, n_head=8, n_kv_head=2)
-    kernel, line, settled = plan.attention_kernel(model, str(tmp_path), (16, 64), clock=lambda: now[0])
-    assert kernel == picked and "measured now" in line and model.blocks[0].attn.kv_cache is None
-    assert settled == (faster is not None)  # a tie is not worth a new package
+    kernel, job = plan.choose_attention(model, (16, 64), str(tmp_path))
+    assert kernel == picked and job["fresh"]
+    assert bool(plan.choose(job["rounds"])[1]) == (faster is None)  # a tie is not worth a new package
     monkeypatch.setattr(plan, "attention_calls", lambda *a: pytest.fail("timed again"))
-    assert plan.attention_kernel(model, str(tmp_path), (16, 64))[0] == picked
+    assert plan.choose_attention(model, (16, 64), str(tmp_path))[0] == picked
 
 
 def test_without_a_compiler_the_plan_keeps_sdpa(tmp_path, monkeypatch):
-    monkeypatch.setattr(decode_kernel, "load", lambda: "our decode kernel could not be built here (no g++)")
-    kernel, line, _ = plan.attention_kernel(make(dtype=torch.float32, n_head=8), str(tmp_path), (16, 64))
-    assert kernel == "sdpa" and "could not be built" in line and not os.listdir(tmp_path)
+    monkeypatch.setattr(our_op, "load", lambda: "our decode kernel could not be built here (no g++)")
+    assert plan.choose_attention(make(dtype=torch.float32, n_head=8), (16, 64), str(tmp_path)) == ("sdpa", None)
+    assert not os.listdir(tmp_path)
 
 
 def test_sample_keeps_the_package_at_hand_when_a_new_plan_picks_the_other_kernel(tmp_path, monkeypatch):
     """fold.py built the package with one kernel; if sample.py's plan (measured again) now picks the other, it decodes
     with the package it has rather than dropping to eager."""
     import copy
-    import nanovha.compiled_decode as cd
+    from nanovha.engine.compiled import package_path
     from nanovha.kernels import use_decode_layout
     model = make(dtype=torch.float32, n_head=8, n_kv_head=2).eval()
     deployed = use_decode_layout(copy.deepcopy(model).float().eval())  # what decode_plan prepares for float32
-    open(cd.package_path(deployed, str(tmp_path), kernel="sdpa"), "wb").close()  # built by an earlier plan
-    monkeypatch.setattr(plan, "attention_kernel", lambda *a: ("nanovha", "nanovha: 1 ms/token vs sdpa 2 ms", True))
+    open(package_path(deployed, str(tmp_path), kernel="sdpa"), "wb").close()  # built by an earlier plan
+    job = dict(rounds={"sdpa": [2e-3] * 5, "nanovha": [1e-3] * 5}, chosen="nanovha", busy_cores=0.0,
+               provisional=False, when="2026-12-06T00:00:00", by="sample.py", how="test")
+    monkeypatch.setattr(plan, "choose_attention", lambda *a, **k: ("nanovha", job))
     built = []
-    monkeypatch.setattr(cd, "compiled_decode", lambda m, folder, kernel="sdpa", **k: built.append(kernel) or "step")
-    def measured(models, steps, names, *a):  # compiled is the faster
-        times = {n: [1.0 if n.startswith("compiled") else 2.0] * 5 for n in names}
-        return plan.job_record(times, {}, "compiled float32", True, 0.0, "test", "test")
-    monkeypatch.setattr(plan, "measure_decode", measured)
-    chosen = plan.decode_plan(model, str(tmp_path), (16, 32), dtypes=["float32"])
-    assert chosen.runtime == "compiled" and set(built) == {"sdpa"} and "the package at hand" in chosen.line
+
+    class Step:
+        path = "decode-fake.pt2"
+    monkeypatch.setattr(plan, "compiled_decode", lambda m, folder, kernel="sdpa", **k: built.append(kernel) or Step())
+    monkeypatch.setattr(plan, "measure_at", lambda contexts, calls_at: (
+        {n: [1.0 if n.startswith("compiled") else 2.0] * 5 for n in calls_at(16)}, 0.0))
+    monkeypatch.setattr(plan, "decode_step_at", lambda *a, **k: None)
+    chosen = plan.decode_plan(model, (16, 32), str(tmp_path), dtypes=[torch.float32])
+    assert (chosen.runtime, chosen.attention) == ("compiled", "sdpa") and set(built) == {"sdpa"}
+    assert any("the package at hand" in line for line in chosen.details)

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.generate import generate
-from nanovha.kernels import grouped_decode_attention, use_decode_layout
+from nanovha.kernels import decode_attention, use_decode_layout
 from nanovha.qwen3 import fuse_projections, split_projections
 from nanovha.health import vha_health
 from model import GPT, GPTConfig, plain_attention, rope_cos_sin
@@ -181,7 +181,7 @@ def test_a_bf16_cache_decodes_like_the_bf16_forward(decode_impl):
         model.setup_cache(batch_size=2, max_len=30)
         steps = [model.prefill(x[:, :12])] + [model.decode_one_token(x[:, p:p + 1], p) for p in range(12, 29)]
     cached = torch.stack(steps, 1).float()
-    assert model.blocks[0].attn.kv_cache.k.dtype == torch.bfloat16
+    assert model.kv_caches()[0].k.dtype == torch.bfloat16
     assert (cached - full[:, 11:29]).abs().max() <= 0.03 * full.abs().max()
     assert (cached.argmax(-1) == full[:, 11:29].argmax(-1)).float().mean() >= 0.9
 
@@ -191,7 +191,7 @@ def test_grouped_decode_matches_plain_attention_float64():
     for H_kv in (1, 2, 4, 16):
         q = torch.randn(3, 16, 1, 32, dtype=torch.float64)
         k, v = torch.randn(2, 3, H_kv, 100, 32, dtype=torch.float64)
-        assert (grouped_decode_attention(q, k, v) - plain_attention(q, k, v)).abs().max() < 1e-13
+        assert (decode_attention(q, k, v, k.size(2) - 1) - plain_attention(q, k, v)).abs().max() < 1e-13
 
 
 def test_generate_greedy_is_argmax_of_full_forward():

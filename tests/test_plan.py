@@ -1,5 +1,6 @@
-"""nanovha/plan.py: the measured plan every command reads. The choice is tested with a fake clock (a clear winner, a
-noisy tie, an emulated bf16, a busy machine), the plan file with a real tiny model (kept, reused, measured again)."""
+"""nanovha/engine/plan.py: the measured plan every command reads. The choice is tested with a fake clock (a clear
+winner, a noisy tie, an emulated bf16, a busy machine), the plan file with a real tiny model (kept, reused, measured
+again), the line a command prints (its true reason) with faked timings."""
 import json
 import os
 import random
@@ -8,9 +9,10 @@ import time
 import pytest
 import torch
 
-from nanovha import plan
+from nanovha import hardware
+from nanovha.engine import plan
 
-REAL_OTHERS_BUSY = plan.others_busy  # the tests below see a quiet machine (the fixture); this one is tested itself
+REAL_OTHERS_BUSY = hardware.others_busy  # the tests below see a quiet machine (the fixture); this one is tested itself
 
 
 @pytest.fixture(autouse=True)
@@ -39,8 +41,9 @@ class FakeClock:
 
 def chosen_with(costs, names):
     clock = FakeClock(costs)
-    times, _ = plan.measure({n: clock.fn(n) for n in names}, clock)
-    return plan.choose(times), clock
+    times, _ = hardware.measure({n: clock.fn(n) for n in names}, plan.ROUNDS, plan.MIN_S, clock=clock)
+    chosen, tied = plan.choose(times)
+    return (chosen, not tied), clock
 
 
 NAMES = ["compiled float32", "eager float32", "compiled bfloat16", "eager bfloat16"]
@@ -110,12 +113,15 @@ def fake_step(costs, clock, calls):
 def test_train_plan_times_the_step_keeps_it_and_replans(costs, picked, bf16_calls, tmp_path):
     clock, calls = FakeClock(None), []
     step = fake_step(costs, clock, calls)
-    dtype, line = plan.train_plan(step, ["tiny", 1], str(tmp_path), clock=clock)
-    assert dtype == picked and calls.count("bfloat16") == bf16_calls and "measured now" in line
-    assert line.startswith(f"{picked}: {costs[picked]:.3f} s/step vs ")
+    chosen = plan.train_plan(step, ["tiny", 1], str(tmp_path), clock=clock)
+    other = "bfloat16" if picked == "float32" else "float32"
+    assert chosen.dtype == getattr(torch, picked) and calls.count("bfloat16") == bf16_calls
+    assert str(chosen) == (f"plan: {picked}, {costs[picked]:.3f} s/step (fastest of 2, next {other} "
+                           f"{costs[other]:.3f} s/step; measured now)")
+    assert len(str(chosen)) < 100 and any(picked in line and "<- chosen" in line for line in chosen.details)
     calls.clear()
-    again, line = plan.train_plan(step, ["tiny", 1], str(tmp_path), clock=clock)
-    assert again == picked and calls == [] and "plan of " in line and "by train.py" in line  # kept: nothing timed
+    again = plan.train_plan(step, ["tiny", 1], str(tmp_path), clock=clock)
+    assert again.dtype == chosen.dtype and calls == [] and "cached 20" in str(again) and "by train.py" in str(again)
     plan.train_plan(step, ["tiny", 1], str(tmp_path), replan=True, clock=clock)
     assert calls  # --replan measures again
     plan.train_plan(step, ["other shape", 1], str(tmp_path), clock=clock)
@@ -126,21 +132,22 @@ def test_a_plan_made_on_a_busy_machine_is_provisional_and_measured_again(tmp_pat
     clock, calls = FakeClock(None), []
     step = fake_step({"float32": 0.3, "bfloat16": 0.2}, clock, calls)
     quiet[0] = 1.0  # another process kept a core busy while the plan was timed
-    dtype, line = plan.train_plan(step, ["m"], str(tmp_path), clock=clock)
-    assert dtype == "bfloat16" and "other processes 1.00 cores" in line and "PROVISIONAL" in line
+    chosen = plan.train_plan(step, ["m"], str(tmp_path), clock=clock)
+    assert chosen.dtype == torch.bfloat16 and "busy machine (1.0 cores): provisional" in str(chosen)
+    assert "other processes 1.00 cores" in chosen.details[0] and "PROVISIONAL" in chosen.details[0]
     [path] = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
     with open(path) as f:
         assert json.load(f)["jobs"]["train"]["provisional"]
     quiet[0], calls[:] = 0.0, []
-    dtype, line = plan.train_plan(step, ["m"], str(tmp_path), clock=clock)
-    assert dtype == "bfloat16" and calls and "PROVISIONAL" not in line  # measured again, now quiet
+    chosen = plan.train_plan(step, ["m"], str(tmp_path), clock=clock)
+    assert chosen.dtype == torch.bfloat16 and calls and "provisional" not in str(chosen)  # measured again, quiet
     calls.clear()
-    assert plan.train_plan(step, ["m"], str(tmp_path), clock=clock)[0] == "bfloat16" and not calls  # then kept
+    assert plan.train_plan(step, ["m"], str(tmp_path), clock=clock).dtype == torch.bfloat16 and not calls  # kept
     for broken in ("{not json", '{"jobs": {"train": {"chosen": "bfloat16"}}}', '{"jobs": []}', "[1, 2]"):
         with open(path, "w") as f:
             f.write(broken)  # a plan file cut short or edited by hand: measured again, never a traceback
         calls.clear()
-        assert plan.train_plan(step, ["m"], str(tmp_path), clock=clock)[0] == "bfloat16" and calls
+        assert plan.train_plan(step, ["m"], str(tmp_path), clock=clock).dtype == torch.bfloat16 and calls
 
 
 def tiny_gqa():
@@ -149,21 +156,74 @@ def tiny_gqa():
     return GPT(GPTConfig(vocab_size=40, block_size=32, n_layer=1, n_embd=32, n_head=4, n_kv_head=2)).eval()
 
 
-def test_decode_plan_is_kept_per_shape_and_its_model_decodes_the_same(tmp_path, monkeypatch):
-    """A real plan of eager candidates (no package cached): it is written, read back without timing, and the model it
-    hands over is the input in the chosen dtype, giving the same logits in float32."""
+def test_one_candidate_left_by_the_flags_is_not_timed_and_says_so(tmp_path, monkeypatch):
+    """--compile=False --dtype=float32: one candidate, nothing to time; the line gives that as the reason, and the model
+    it hands over is a copy of the input in float32 (the same logits), the caller's model untouched."""
+    monkeypatch.setattr(plan, "measure_at", lambda *a: pytest.fail("timed"))
+    monkeypatch.setattr(plan, "choose_attention", lambda *a: ("sdpa", None))  # the attention's own plan: below
+    model = tiny_gqa()
+    chosen = plan.decode_plan(model, (16, 32), str(tmp_path), dtypes=[torch.float32], runtimes=("eager",))
+    assert (chosen.runtime, chosen.dtype, chosen.step, chosen.attention) == ("eager", torch.float32, None, "sdpa")
+    assert str(chosen) == ("plan: eager float32, attention sdpa (eager float32 only, as asked; the only candidate, "
+                           "not timed)")
+    x = torch.randint(40, (1, 8))
+    assert torch.equal(chosen.model(x)[0], model(x)[0]) and chosen.model is not model
+    assert model.kv_caches() == [None]  # the plan works on copies, never the caller's model
+
+
+def fake_decode_timings(monkeypatch, medians):
+    """measure_at returns these medians (ms) for the candidates asked; compiled steps are stand-ins."""
+    class Step:
+        path = "decode-fake.pt2"
+    monkeypatch.setattr(plan, "compiled_decode", lambda *a, **k: Step())
+    monkeypatch.setattr(plan, "choose_attention", lambda *a, **k: ("sdpa", None))
+    monkeypatch.setattr(plan, "measure_at", lambda contexts, calls_at: (
+        {name: [medians[name] / 1e3] * plan.ROUNDS for name in calls_at(contexts[0])}, 0.0))
+    monkeypatch.setattr(plan, "decode_step_at", lambda *a, **k: None)
+
+
+def test_the_plan_is_kept_and_a_narrowed_command_says_its_own_reason(tmp_path, monkeypatch):
+    """fold.py plans every candidate (compiled bf16 fastest); sample.py --compile=False then reads that plan, picks the
+    faster eager one and says why: eager only, as asked, the fastest of the two eager ones, and when it was measured.
+    Nothing about a compiled candidate it was never allowed."""
+    fake_decode_timings(monkeypatch, {"compiled float32": 0.30, "eager float32": 1.2, "compiled bfloat16": 0.2,
+                                      "eager bfloat16": 2.0})
+    monkeypatch.setattr(plan, "cpu_bf16_support", lambda: (True, "AVX512"))
+    model = tiny_gqa()
+    folded = plan.decode_plan(model, (16, 512), str(tmp_path), build=True, by="fold.py")
+    assert (folded.runtime, folded.dtype, folded.attention) == ("compiled", torch.bfloat16, "sdpa")
+    assert str(folded) == ("plan: compiled bfloat16, attention sdpa, 0.200 ms/token (fastest of 4, next compiled "
+                           "float32 0.300 ms/token; measured now)")
+    monkeypatch.setattr(plan, "measure_at", lambda *a: pytest.fail("timed again"))
+    eager = plan.decode_plan(model, (16, 512), str(tmp_path), runtimes=("eager",))
+    assert (eager.runtime, eager.dtype, eager.step) == ("eager", torch.float32, None)
+    assert str(eager).startswith("plan: eager float32, attention sdpa, 1.200 ms/token (eager only, as asked; fastest "
+                                 "of 2, next eager bfloat16 2.000 ms/token; cached 20")
+    assert str(eager).endswith(" by fold.py)")
+
+
+def test_a_tie_keeps_the_safer_and_says_so(tmp_path, monkeypatch):
+    fake_decode_timings(monkeypatch, {"compiled float32": 0.30, "eager float32": 1.2})
+    chosen = plan.decode_plan(tiny_gqa(), (16, 64), str(tmp_path), dtypes=[torch.float32], build=True)
+    assert chosen.runtime == "compiled" and "fastest of 2" in str(chosen)
+    fake_decode_timings(monkeypatch, {"compiled float32": 0.30, "eager float32": 0.29})  # eager 3% faster: a tie
+    chosen = plan.decode_plan(tiny_gqa(), (16, 64), str(tmp_path), dtypes=[torch.float32], build=True, replan=True)
+    assert chosen.runtime == "compiled" and "within 5% of eager float32 (0.290 ms/token): the safer kept" in str(chosen)
+
+
+def test_a_real_decode_plan_times_the_model_itself(tmp_path, monkeypatch):
+    """No fakes: eager float32 against eager bf16 on a tiny model, timed at both contexts, written, read back."""
     monkeypatch.setattr(plan, "MIN_S", 0.002)
     model = tiny_gqa()
-    first = plan.decode_plan(model, str(tmp_path), (16, 32), runtimes=("eager",), dtypes=["float32"])
-    assert first.runtime == "eager" and first.dtype == "float32" and first.step is None
-    assert "measured now" in first.line and "eager float32" in first.line
-    timed = []
-    monkeypatch.setattr(plan, "measure_decode", lambda *a, **k: timed.append(1))
-    second = plan.decode_plan(model, str(tmp_path), (16, 32), runtimes=("eager",), dtypes=["float32"])
-    assert not timed and "plan of " in second.line and "by sample.py" in second.line
-    x = torch.randint(40, (1, 8))
-    assert torch.equal(second.model(x)[0], model(x)[0])
-    assert model.blocks[0].attn.kv_cache is None  # the plan times copies, never the caller's model
+    first = plan.decode_plan(model, (16, 32), str(tmp_path), dtypes=[torch.float32, torch.bfloat16],
+                             runtimes=("eager",))
+    assert first.runtime == "eager" and "measured now" in str(first) and set(first.seconds) == {
+        "eager float32", "eager bfloat16"} and all(s > 0 for s in first.seconds.values())
+    monkeypatch.setattr(plan, "measure_at", lambda *a: pytest.fail("timed again"))
+    second = plan.decode_plan(model, (16, 32), str(tmp_path), dtypes=[torch.float32, torch.bfloat16],
+                              runtimes=("eager",))
+    assert second.dtype == first.dtype and "by sample.py" in str(second)
+    assert model.kv_caches() == [None]
 
 
 @pytest.mark.parametrize("busy, picked", [(0.0, "bfloat16"), (1.0, "float32")])
@@ -172,6 +232,7 @@ def test_a_busy_machine_needs_a_large_gap_to_leave_the_safe_choice(tmp_path, qui
     25% margin keeps float32, and the line says it was not told apart."""
     clock, calls = FakeClock(None), []
     quiet[0] = busy
-    dtype, line = plan.train_plan(fake_step({"float32": 0.30, "bfloat16": 0.26}, clock, calls), ["m"], str(tmp_path),
-                                  clock=clock)
-    assert dtype == picked and ("not told apart from bfloat16 by the 25% margin" in line) == (busy > 0)
+    chosen = plan.train_plan(fake_step({"float32": 0.30, "bfloat16": 0.26}, clock, calls), ["m"], str(tmp_path),
+                             clock=clock)
+    assert chosen.dtype == getattr(torch, picked)
+    assert ("within 25% of bfloat16 (0.260 s/step): the safer kept" in str(chosen)) == (busy > 0)

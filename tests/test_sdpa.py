@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from model import GPT, GPTConfig, plain_attention
-from nanovha.kernels import kv_expand_needed, sdpa
+from model import GPT, GPTConfig, kv_expand_needed, plain_attention, sdpa
 from nanovha.hardware import sdpa_backends
 
 SHAPES = {"gqa": dict(attn="gqa"), "vha": dict(attn="vha", vha_postmix_rank=2)}
