@@ -30,6 +30,7 @@ from nanovha import llamacpp
 from nanovha.config import DTYPES, at_least, flat_defaults, need, settings, stop_if
 from nanovha.costs import kv_bytes_per_token
 from nanovha.kernels import DECODE_KERNELS, cache_zeros, decode_attention, use_decode_layout
+from nanovha.engine import kernel as our_op
 from nanovha.engine.compiled import compiled_decode
 from nanovha.engine.plan import cache_folder, choose_attention, decode_plan, random_context
 from nanovha.hardware import (choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, dtype_name, matmul_peak,
@@ -111,6 +112,8 @@ def resolve_auto(device_type, decode_impl, prefill_max, compile):
 decode_impl, prefill_max, compile = resolve_auto(device_type, decode_impl, prefill_max, compile)
 need(compile != "aot" or device_type == "cpu", f"compile=aot builds a CPU package; on "
                                                f"{device_type} use graphs or off")
+need(attention_kernel != "nanovha" or compile != "aot" or not our_op.load(),
+     "--attention_kernel=nanovha: our op cannot be loaded here (the note above says why); use auto or sdpa")
 stop_if(plot and figure_problem(plot, "--plot", {"--ckpt": ckpt and start_path(ckpt)}))  # now, not after the bench
 if threads:
     torch.set_num_threads(threads)

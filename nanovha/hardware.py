@@ -50,6 +50,21 @@ def cpu_kind():
     return f"{name} ({family}{', '.join(features)})"
 
 
+# the instruction sets a compiler's -march=native may use, as /proc/cpuinfo names them
+ISA = ("sse4_2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512dq", "avx512bw", "avx512vl",
+       "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_features():
+    """The instruction sets of ISA this CPU has, sorted (none known off Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":")[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return sorted(set(flags) & set(ISA))
+
+
 def choose_dtype(device_type, dtype):
     """-> (dtype, one line saying why), by rule where nothing is timed. On CUDA "auto" is bf16 autocast where
     supported, else float16 (+ GradScaler); float32 elsewhere (a CPU's "auto" is timed:

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <sstream>
 #include <vector>
 
 #include "decode_common.h"
@@ -265,18 +266,41 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k, const at::T
   }
 }
 
-// q (B, H, G, D), k (B, H, T, D), v (B, H, T, DV), pos (1,) int64: positions 0..pos are read
+// q (B, H, G, D), k (B, H, T, D), v (B, H, T, DV), pos (1,) int64: positions 0..pos are read. Every
+// shape, dtype and device is checked first, with a message naming them: nothing is read out of bounds.
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos,
                             double scale) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "nanovha::decode_attention: q, k, v must be 4-D");
-  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "nanovha::decode_attention: cache rows must be contiguous");
+  const auto got = [&] {
+    std::ostringstream s;
+    s << "; got q " << q.sizes() << " " << q.scalar_type() << ", k " << k.sizes() << " " << k.scalar_type()
+      << ", v " << v.sizes() << " " << v.scalar_type() << ", pos " << pos.sizes() << " " << pos.scalar_type();
+    return s.str();
+  };
+  TORCH_CHECK(q.device().is_cpu() && k.device().is_cpu() && v.device().is_cpu() && pos.device().is_cpu(),
+              "nanovha::decode_attention runs on CPU tensors", got());
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "nanovha::decode_attention: q (B, H, G, D), k (B, H, T, D) and v (B, H, T, DV) are 4-D", got());
+  TORCH_CHECK(k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(1) == q.size(1) && v.size(1) == q.size(1),
+              "nanovha::decode_attention: q, k and v must share B and the KV heads H (q grouped per KV head)",
+              got());
+  TORCH_CHECK(k.size(3) == q.size(3), "nanovha::decode_attention: q and k must share the head size D", got());
+  TORCH_CHECK(v.size(2) == k.size(2), "nanovha::decode_attention: v must hold as many positions T as k", got());
+  TORCH_CHECK(q.numel() > 0 && k.numel() > 0 && v.numel() > 0, "nanovha::decode_attention: an empty tensor", got());
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1 && k.stride(2) >= k.size(3) && v.stride(2) >= v.size(3),
+              "nanovha::decode_attention: the cache rows (last dimension) must be contiguous", got());
   TORCH_CHECK(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
-              "nanovha::decode_attention: q, k, v must share a dtype");
-  const int64_t n = std::min<int64_t>(pos.item<int64_t>() + 1, k.size(2));
-  TORCH_CHECK(n >= 1, "nanovha::decode_attention: pos must be >= 0");
+              "nanovha::decode_attention: q, k and v must share a dtype", got());
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "nanovha::decode_attention takes float32, float64, bfloat16 or float16", got());
+  TORCH_CHECK(pos.numel() == 1 && pos.scalar_type() == at::kLong,
+              "nanovha::decode_attention: pos is one int64 position", got());
+  const int64_t p = pos.item<int64_t>();
+  TORCH_CHECK(p >= 0 && p < k.size(2), "nanovha::decode_attention: pos must be in [0, T) = [0, ", k.size(2),
+              "), got ", p);
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
-    decode_attention_impl<scalar_t>(q, k, v, n, scale, out);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "decode_attention", [&] {
+    decode_attention_impl<scalar_t>(q, k, v, p + 1, scale, out);
   });
   return out;
 }
