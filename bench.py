@@ -21,6 +21,7 @@ import nanovha.mla_mfa  # noqa: F401 (registers attn="mla" and "mfa")
 from nanovha.config import ConfigError, at_least, config_file_values, flat_defaults, need, settings
 from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.hardware import compile_counters, gpu_spec, interleaved, print_table, verdict
+from nanovha.tf32 import allow_tf32
 from nanovha.variants import overrides
 from model import GPT, GPTConfig
 
@@ -58,6 +59,8 @@ device_type = device.split(":")[0]
 ptdtype = getattr(torch, dtype, None)
 if threads:
     torch.set_num_threads(threads)
+if device_type == "cuda":
+    allow_tf32()  # as train.py: TF32 for the float32 matmuls autocast leaves
 
 
 def build(**kw):

@@ -37,6 +37,7 @@ from nanovha.plan import train_plan
 from nanovha.preflight import (cut_log, disk_problem, knob_problem, lr_schedule,
                                outputs_problem, prepare_out_dir, start_checkpoint, start_log, teacher_problem,
                                tokenizer_fix, vocab_mismatch, warmup_problem)
+from nanovha.tf32 import allow_tf32
 
 # -----------------------------------------------------------------------------
 # defaults (overridden by config/*.py files and --key=value); nanoGPT's names where it has the knob
@@ -174,8 +175,7 @@ master = rank == 0
 accum_per_rank = gradient_accumulation_steps // world_size
 compile, compile_reason = choose_compile(device_type, compile)
 if device_type == "cuda":
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    allow_tf32()  # one API: torch >= 2.9 raises when the legacy flags and fp32_precision are mixed
 
 # output folder: fail now, not after an hour of training (or a long download)
 if master:
