@@ -291,3 +291,13 @@ def test_the_planned_compile_counts_are_what_the_cpu_counts(tmp_path):
                            env={"MPLCONFIGDIR": str(tmp_path)}))
     assert decode["compile_counters"]["compiled_graphs"] == gpu_plan.PLAN["decode"][1] == gpu_plan.decode_graphs(
         len(gc.decode_variants.split(",")), len(gc.contexts.split(",")))
+
+
+def test_the_torch211_check_runs_the_slow_compiled_tests():
+    """scripts/torch211_check.sh SUITE=slow: the slow tests that compile, in files that have them."""
+    text = open(os.path.join(ROOT, "scripts", "torch211_check.sh")).read()
+    files = text.split('SLOW_COMPILED="')[1].split('"')[0].split()
+    assert '-m slow $SLOW_COMPILED' in text and len(files) == 4
+    for path in files:
+        source = open(os.path.join(ROOT, path)).read()
+        assert "pytest.mark.slow" in source and "compile" in source, path
