@@ -42,7 +42,7 @@ suite() {  # name, then pytest's arguments
 }
 {
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), family $(lscpu | sed -n 's/^CPU family: *//p'), model" \
-         "$(lscpu | sed -n 's/^Model: *//p'), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+         "$(lscpu | sed -n 's/^Model: *//p'), $(nproc --all) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
     if [ "$SUITE" != slow ]; then suite "quick suite"; fi
     # shellcheck disable=SC2086 (the list is word-split on purpose)
     if [ "$SUITE" != quick ]; then suite "slow compiled tests" -m slow $SLOW_COMPILED; fi
