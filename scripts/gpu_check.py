@@ -262,9 +262,9 @@ def check_correctness():
     from nanovha.gpu_sections import correctness
     from nanovha.hardware import compile_counters
     compiled, why = compiling()
-    measured = correctness(device, dry_run, compiled, say, figure)
     if not compiled:
         say_eager(why)
+    measured = correctness(device, dry_run, compiled, say, figure)
     counters = say_counters("correctness", compile_counters() if compiled else None, cuda_graphs=not dry_run)
     return dict(measured, compile_counters=counters)
 
