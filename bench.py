@@ -8,11 +8,15 @@ bench_decode.py).
 
 Speed does not depend on training, so the models have random weights; the variants take one
 optimizer step each in turn (machine noise hits them alike), and figures are medians with warm-up
-steps excluded. The last stdout line is one JSON object with every figure.
+steps excluded. The last stdout line is one JSON object with every figure; --figures=PATH also
+appends one JSON line per model the moment it is measured (its first step, the compile when
+compiled, then its timed row), printed as FIGURE lines, so a run cut at a time limit keeps them
+(scripts/gpu_check.py).
 """
 import json
 import os
 import sys
+import time
 from contextlib import nullcontext
 
 import torch
@@ -20,7 +24,9 @@ import torch
 import nanovha.mla_mfa  # noqa: F401 (registers attn="mla" and "mfa")
 from nanovha.config import ConfigError, at_least, config_file_values, flat_defaults, need, settings
 from nanovha.costs import flops_per_token, kv_bytes_per_token
-from nanovha.hardware import compile_counters, gpu_spec, interleaved, print_table, torch_dtype, verdict
+from nanovha.gpu_report import append_figure
+from nanovha.hardware import (allow_tf32, compile_counters, gpu_spec, interleaved, print_table, synchronize,
+                              torch_dtype, verdict)
 from nanovha.variants import overrides
 from model import GPT, GPTConfig
 
@@ -47,6 +53,7 @@ dtype = "float32"  # float32, or bfloat16 (autocast)
 compile = False
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
+figures = ""  # a JSON-lines file: one line per model appended as it is measured ("": none)
 # -----------------------------------------------------------------------------
 LIMITS = {**{k: at_least(1) for k in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size", "vha_kv_head",
                                      "batch_size", "block_size", "train_steps")},
@@ -58,6 +65,29 @@ device_type = device.split(":")[0]
 ptdtype = torch_dtype(dtype)
 if threads:
     torch.set_num_threads(threads)
+if device_type == "cuda":
+    allow_tf32()  # as train.py: TF32 for the float32 matmuls autocast leaves
+
+
+def note(**figure):
+    """One figure of this run, appended to --figures the moment it is measured."""
+    if figures:
+        append_figure(figures, dict(n_layer=n_layer, n_embd=n_embd, batch_size=batch_size, block_size=block_size,
+                                    dtype=dtype, compile=compile, **figure))
+
+
+def first_noted(name, step):
+    """step, whose first call (the compile, when compiled) is noted when it ends."""
+    calls = []
+
+    def noted():
+        t0 = time.perf_counter()
+        step()
+        if not calls:
+            synchronize(device_type)
+            calls.append(time.perf_counter() - t0)
+            note(variant=name, first_step_s=calls[0])
+    return noted
 
 
 def build(**kw):
@@ -96,7 +126,7 @@ def run_train():
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-        steps[name] = step
+        steps[name] = first_noted(name, step)
     print(f"device {device}, dtype {dtype}, threads {torch.get_num_threads()}, compile {compile}; {n_layer} layers, "
           f"width {n_embd}, {n_head} query heads of dim {head_dim}, batch {batch_size} x "
           f"{block_size} tokens; "
@@ -111,6 +141,7 @@ def run_train():
         rows.append(dict(variant=name, heads=f"{c.n_q_proj}->{c.n_attn_head}Q/{c.n_kv_head}KV",
                          params_m=model.num_params() / 1e6, flops_per_token=flops, ms_per_step=seconds[name] * 1e3,
                          tok_s=tok_s, mfu=flops * tok_s / peak if peak else None))
+        note(**rows[-1])
     named = {r["variant"]: r for r in rows}
     for r in rows:
         if "gqa8" in named:

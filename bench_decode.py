@@ -324,11 +324,12 @@ def op_floor_model(ptdtype):
 
 # ----------------------------------------------------------------------------- the report
 def decode_table(models, ctxs, bw, runners, compiled, ptdtype):
-    """Prefill (TTFT) and decode at every context -> one row per (variant, runtime, context),
-    printed."""
+    """Prefill and decode at every context -> a row per (variant, runtime, context), printed as measured."""
     prefill = {length: time_prefill(models, length) for length in sorted({min(c, prefill_max) for c in ctxs})}
     rows, first_calls = [], {}
     for ctx in ctxs:
+        if rows:
+            print_table([r for r in rows if r["ctx"] == rows[-1]["ctx"]], COLUMNS, flush=True)
         seconds, kv_alloc, first = time_decode(models, ctx, compiled, runners)
         first_calls.setdefault(ctx, first)
         for (name, runtime), s in seconds.items():
@@ -341,13 +342,16 @@ def decode_table(models, ctxs, bw, runners, compiled, ptdtype):
                              kv_cache_mb=kv_alloc[name] / 1e6, prefill_len=p_len, ttft_ms=ttft * 1e3,
                              prefill_tok_s=batch_size * p_len / ttft, decode_ms=s * 1e3, decode_tok_s=batch_size / s,
                              mb_per_step=step_bytes / 1e6, gb_s=step_bytes / s / 1e9, bw_frac=step_bytes / s / bw))
-    print_table(rows, [("variant", "variant", "{}"), ("runtime", "runtime", "{}"), ("context", "ctx", "{}"),
-                       ("KV B/token", "kv_bytes_per_token", "{}"), ("KV MB alloc", "kv_cache_mb", "{:.1f}"),
-                       ("prefill", "prefill_len", "{}"), ("TTFT ms", "ttft_ms", "{:.1f}"),
-                       ("prefill tok/s", "prefill_tok_s", "{:.0f}"), ("decode ms/tok", "decode_ms", "{:.2f}"),
-                       ("decode tok/s", "decode_tok_s", "{:.1f}"), ("MB/step", "mb_per_step", "{:.1f}"),
-                       ("GB/s", "gb_s", "{:.1f}"), ("of peak", "bw_frac", "{:.0%}")])
+    print_table([r for r in rows if r["ctx"] == ctxs[-1]], COLUMNS, flush=True)
     return rows, first_calls
+
+
+COLUMNS = [("variant", "variant", "{}"), ("runtime", "runtime", "{}"), ("context", "ctx", "{}"),
+           ("KV B/token", "kv_bytes_per_token", "{}"), ("KV MB alloc", "kv_cache_mb", "{:.1f}"),
+           ("prefill", "prefill_len", "{}"), ("TTFT ms", "ttft_ms", "{:.1f}"),
+           ("prefill tok/s", "prefill_tok_s", "{:.0f}"), ("decode ms/tok", "decode_ms", "{:.2f}"),
+           ("decode tok/s", "decode_tok_s", "{:.1f}"), ("MB/step", "mb_per_step", "{:.1f}"),
+           ("GB/s", "gb_s", "{:.1f}"), ("of peak", "bw_frac", "{:.0%}")]  # the decode table's
 
 
 def compile_costs(models, at, ctx, compiled, first_calls):

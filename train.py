@@ -28,8 +28,8 @@ from nanovha.checkpoint import save_checkpoint
 from nanovha.config import flat_defaults, settings, stop_if
 from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.distill import drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
-from nanovha.hardware import (autocast_for, choose_compile, choose_dtype, compile_counters, dtype_name, gpu_spec,
-                              training_step)
+from nanovha.hardware import (allow_tf32, autocast_for, choose_compile, choose_dtype, compile_counters, dtype_name,
+                              gpu_spec, training_step)
 from nanovha.health import vha_health
 from nanovha.outputs import hold, resolved
 from nanovha.peers import PeerWatch, start_ddp
@@ -174,8 +174,7 @@ master = rank == 0
 accum_per_rank = gradient_accumulation_steps // world_size
 compile, compile_reason = choose_compile(device_type, compile)
 if device_type == "cuda":
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
+    allow_tf32()  # one API: torch >= 2.9 raises when the legacy flags and fp32_precision are mixed
 
 # output folder: fail now, not after an hour of training (or a long download)
 if master:

@@ -1,10 +1,13 @@
 """
 The GPU check's plan (scripts/gpu_check.py): its sections in the order of their value, each with
 a time limit and the torch.compile graphs it is planned to build, the budget those limits must
-fit, the preflight's one-line checks, the compile-counter line every compiling section prints,
-and the report lines made from the benchmarks' JSON; the runner that cuts a section at its
-limit (run_logged). No torch at import: the check's parent process reads the plan.
+fit, the preflight's one-line checks (the toolchain, the torch version gate, a one-kernel compile
+probe), the rule that starts the 120M after the small model only when time is left, the
+compile-counter line every compiling section prints, and the report lines made from the
+benchmarks' JSON; the runner that cuts a section at its limit (run_logged). No torch at import:
+the check's parent process reads the plan.
 """
+import ctypes.util
 import importlib
 import os
 import shutil
@@ -14,14 +17,16 @@ import sys
 import sysconfig
 import time
 
-# A lent machine: 15 minutes of device time in all, its start (1-2 minutes) included; the check must
-# fit twice (a rerun after a fix) with the start and each call's own overhead (process start,
-# copying $OUT back).
+# A lent machine: 15 minutes of device time in all, its start (1-2 minutes) included; one try of the
+# check is one call of at most 6 minutes (TIMEOUT_S, the device tool's timeout_s in docs/gpu.md),
+# and it must fit twice (a rerun after a fix) with the start.
 DEVICE_S = 900
 START_S = 120
-CALL_OVERHEAD_S = 30
-TOTAL_S = 360  # 120 + 2 x (360 + 30) = 900: gpu_check.py's default --total_s
+CALL_OVERHEAD_S = 30  # a call's own overhead: process start, copying $OUT back
+TIMEOUT_S = 360  # one try: the command's timeout
+TOTAL_S = TIMEOUT_S - CALL_OVERHEAD_S  # 330: gpu_check.py's default --total_s; 120 + 2 x (330 + 30) = 840 <= 900
 DRY_RUN_SCALE = 3  # the dry run's limits and total: a busy 2-core CPU compiles correctness's toy step cold in ~50 s
+MIN_TORCH = (2, 7)  # the compiled decode (torch.export, AOTInductor packages) needs torch 2.7 or later
 
 def decode_graphs(n_variants, n_contexts):
     """Graphs bench_decode.py --compile=graphs compiles: each variant at each context and at
@@ -35,15 +40,17 @@ def decode_graphs(n_variants, n_contexts):
 # on, at toy size (counts do not depend on size): hardware.compile_counters() after the section's
 # own calls.
 PLAN = dict(
-    preflight=(15, 0, "no compile: versions, the device, cc and Python.h, triton, numpy"),
+    preflight=(30, 0, "no compile in the section: versions, the device, the toolchain, and a one-kernel "
+                      "compile probe in a child process"),
     correctness=(40, 1, "the one-token step, compiled once and replayed (the dry run compiles it too: 1 graph)"),
-    smoke=(100, 2, "train.py: the training and the eval graph, 2 at every eval "
-                   "(tests/test_compile.py)"),
+    smoke=(70, 2, "train.py at 2 layers of the 120M's shape: the training and the eval graph, 2 at every "
+                  "eval (tests/test_compile.py)"),
     limits=(15, 0, "no compile: a copy and one matmul"),
-    train=(90, 2, "bench.py --compile=True: one graph per model, vha and gqa2 (counted on the CPU: 2)"),
-    decode=(70, decode_graphs(2, 1), "bench_decode.py --compile=graphs, 2 variants x 1 context (decode_graphs; "
+    train=(100, 2, "bench.py --compile=True: one graph per model, vha and gqa2, in each run (2 layers, then "
+                   "the 120M if time is left; counted on the CPU: 2 a run)"),
+    decode=(50, decode_graphs(2, 1), "bench_decode.py --compile=graphs, 2 variants x 1 context (decode_graphs; "
                                      "counted on the CPU: 5)"),
-    kernels=(30, 0, "eager under the profiler"),
+    kernels=(25, 0, "eager under the profiler"),
 )
 SECTIONS = tuple(PLAN)
 
@@ -115,8 +122,52 @@ def toolchain_lines(cuda=True):
             needed = cuda or module != "triton"  # a CPU's inductor writes C++, not Triton
             rows.append((module, not needed, f"cannot import {module}: {type(e).__name__}: {e}"
                          + ("" if needed else " (not needed on a CPU)")))
+    if cuda:  # Triton links its launcher against the driver's libcuda.so.1
+        lib = os.environ.get("TRITON_LIBCUDA_PATH") or ctypes.util.find_library("cuda")
+        rows.append(("libcuda", bool(lib), lib or "no libcuda on the loader's path (ldconfig -p), none in "
+                                                  "$TRITON_LIBCUDA_PATH"))
     rows.append(("python", True, f"{sys.version.split()[0]} at {sys.executable}"))
     return rows
+
+
+def version_gate(version):
+    """torch's version ("2.11.0+cu130") -> (ok, the line): the compiled paths need MIN_TORCH."""
+    numbers = tuple(int(x) for x in version.split("+")[0].split(".")[:2])
+    floor = ".".join(map(str, MIN_TORCH))
+    return numbers >= MIN_TORCH, (f"torch {version} {'>=' if numbers >= MIN_TORCH else '<'} {floor} (the compiled "
+                                  f"decode needs {floor} or later)")
+
+
+# one pointwise kernel compiled and run in a child process: what every compiled section needs (on a
+# GPU: Triton, which builds its launcher with the C compiler, Python.h and libcuda)
+PROBE = ("import sys, time, torch; t0 = time.time(); "
+         "f = torch.compile(lambda x: x * 2 + 1, fullgraph=True); "
+         "assert f(torch.ones(8, device=sys.argv[1])).sum().item() == 24, 'wrong result'; "
+         "print(f'{time.time() - t0:.1f}')")
+
+
+def compile_probe(device, log_path, timeout):
+    """PROBE on device in a child process, cut at timeout s -> (ok, seconds, the line); ok is None
+    when it was cut: slow (a cold machine's first compile), not known to be broken."""
+    rc, wall, text = run_logged([sys.executable, "-c", PROBE, device], log_path, timeout)
+    if rc == 0:
+        seconds = float(text.strip().splitlines()[-1])
+        return True, seconds, f"compile probe: one kernel compiled and run in {seconds:.1f} s  PASS"
+    if rc is None:
+        return None, wall, (f"compile probe: not done in {wall:.0f} s (slow, not known to be broken: the "
+                            f"compiled sections compile; a cut one keeps what it measured)")
+    why = ([x for x in text.strip().splitlines() if x.strip()][-1:] or [f"exit {rc}"])[0].strip()[:300]
+    return False, wall, f"compile probe: {why}  FAIL"
+
+
+def big_run_problem(left_s, small_wall_s, layers):
+    """Why the full-size run (layers) should not start after the small one, as one line, or None: it
+    needs at least the small run's wall time (the same kernels, now cached, but more layers to trace)."""
+    if left_s < small_wall_s:
+        return (f"SKIPPED the {layers}-layer run: {left_s:.0f} s left in the section, less than the small run "
+                f"took ({small_wall_s:.0f} s; the full size traces more layers); rerun with --sections=train "
+                f"--section_s=train:300")
+    return None
 
 
 # ---- the report lines of the benchmarks' results (made-up inputs in tests/test_gpu_check.py) ----
@@ -194,7 +245,9 @@ def run_logged(cmd, log_path, timeout, own_group=False):
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group)
+        # unbuffered: what a process printed is in its log when it is cut
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=own_group,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             rc = proc.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:

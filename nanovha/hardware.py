@@ -141,6 +141,19 @@ def autocast_for(device_type, dtype):
     return torch.autocast(device_type, dtype=torch_dtype(dtype), enabled=dtype in ("bfloat16", "float16"))
 
 
+def allow_tf32(backends=torch.backends):
+    """TF32 on for CUDA float32 matmuls (cuBLAS) and convolutions (cuDNN), through one API -> the
+    API used: torch 2.9 added fp32_precision beside the legacy allow_tf32 flags, and a process that
+    mixes them raises when a flag is read, so the new API where torch has it, else the legacy one."""
+    if hasattr(backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
+        backends.cuda.matmul.fp32_precision = "tf32"
+        backends.cudnn.conv.fp32_precision = "tf32"
+        return "fp32_precision"
+    backends.cuda.matmul.allow_tf32 = True
+    backends.cudnn.allow_tf32 = True
+    return "allow_tf32"
+
+
 # Spec-sheet peaks of each GPU under its exact torch.cuda.get_device_name(): dense bf16 (fp16 where
 # the GPU has no bf16) tensor FLOP/s without sparsity, and HBM/GDDR bytes/s. A name not listed is
 # matched only when its last word is an unambiguous model number (a vGPU profile like "-48Q" dropped
@@ -315,14 +328,14 @@ def sdpa_backends(fn):
     return sorted({sdpa_backend(n) for n in ops}), ops
 
 
-def print_table(rows, columns):
+def print_table(rows, columns, flush=False):
     """columns: (header, key, format); right-aligned, one line per row, '-' where a row has no
     value."""
     cells = [[h for h, _, _ in columns]] + [[fmt.format(r[k]) if r.get(k) is not None else "-" for _, k, fmt in columns]
                                             for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     for row in cells:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)), flush=flush)
 
 
 def verdict(ok):

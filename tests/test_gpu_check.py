@@ -13,7 +13,7 @@ import pytest
 from conftest import ROOT, load_script, run
 from test_bench import TINY_DECODE, last_json
 
-from nanovha import gpu_plan
+from nanovha import gpu_plan, gpu_report
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +34,18 @@ def test_gpu_check_dry_run_reports_every_section(char_data, tmp_path):
     assert list(done) == ["preflight", "correctness", "smoke", "limits", "train", "decode", "kernels"]
     assert all(s["status"] == "done" for s in done.values()), {k: s["status"] for k, s in done.items()}
     said = {k: "\n".join(s["lines"]) for k, s in done.items()}
-    assert said["preflight"].count("PASS") == 5 and "FAIL" not in said["preflight"]  # cc, Python.h, triton, numpy, py
+    # the version gate, cc, Python.h, triton, numpy, python, the compile probe; then the summary
+    assert said["preflight"].count("PASS") == 7 and "FAIL" not in said["preflight"]
+    summary = done["preflight"]["lines"][-1]
+    assert summary.startswith("preflight: torch ") and "compile on (a one-kernel probe in " in summary
+    assert all(s["figures"] for s in done.values())  # every section's figures, as measured, in report.json
     assert said["correctness"].count("PASS") == 6 and "FAIL" not in said["correctness"]  # float64 fold + 5 bf16 paths
     assert "compile counters: 1 graphs (planned 1), 0 graph breaks, 0 CUDA-graph skips" in said["correctness"]
     train = [x for x in done["kernels"]["lines"] if x.startswith("train ")]
     assert len(train) == 4 and all(" flash " in x and "MATH" not in x for x in train)  # CPU flash takes enable_gqa
     assert sum("prefill 64" in x and " flash " in x for x in done["kernels"]["lines"]) == 2  # every decode variant
-    assert "VHA / gqa2 tokens/s" in said["train"] and "of the measured matmul" in said["train"]
+    assert said["train"].count("VHA / gqa2 tokens/s") == 2 and "of the measured matmul" in said["train"]  # 2 runs
+    assert [f["n_layer"] for f in done["train"]["figures"]] == [1] * 4 + [2] * 4  # each: 2 first steps, 2 rows
     eager = [x for x in done["decode"]["lines"] if " eager " in x]
     assert len(eager) == 4 and all("launch-bound" in x and "GB/s" not in x for x in eager)  # 2 variants x 2 contexts
     assert said["decode"].count("context-1 step") == 2 and said["decode"].count("the attention alone") == 2
@@ -64,16 +69,17 @@ def test_each_section_is_reported_when_it_ends_and_a_slow_one_is_cut(gpu_check, 
     first section's figures and the cut one's status."""
     snapshots = []
     write = gpu_check.write_report
-    monkeypatch.setattr(gpu_check, "write_report", lambda header, done: (
-        write(header, done), snapshots.append((tmp_path / "report.md").read_text())))
+    monkeypatch.setattr(gpu_check, "write_report", lambda report_dir, titles, header, done: (
+        write(report_dir, titles, header, done), snapshots.append((tmp_path / "report.md").read_text())))
     monkeypatch.setattr(gpu_check, "report_dir", str(tmp_path))
     monkeypatch.setattr(gpu_check, "SECTION_S", dict(gpu_check.SECTION_S, correctness=3))
     t0 = time.time()
     done = gpu_check.run_sections(["limits", "correctness"], "header", ["--dry_run=True", f"--report_dir={tmp_path}",
                                                                        f"--data_dir={char_data}"])
     assert time.time() - t0 < 30 and [s["name"] for s in done] == ["limits", "correctness"]
-    assert len(snapshots) == 2 and "copy bandwidth" in snapshots[0] and "correctness" not in snapshots[0]
-    assert done[1]["status"] == "cut at its limit of 3 s (FAIL)" and "copy bandwidth" in snapshots[1]
+    # written before the first section, then after each
+    assert len(snapshots) == 3 and "copy bandwidth" in snapshots[1] and "correctness" not in snapshots[1]
+    assert done[1]["status"] == "cut at its limit of 3 s (FAIL)" and "copy bandwidth" in snapshots[2]
 
 
 def test_a_hung_process_and_its_children_are_cut_at_the_limit(gpu_check, tmp_path):
@@ -147,8 +153,8 @@ def test_sdpa_backend_names_cuda_and_cpu_ops(gpu_check):
              "aten::scaled_dot_product_attention": None, "aten::bmm": None, "aten::_softmax": None}
     from nanovha.hardware import sdpa_backend
     assert {n: sdpa_backend(n) for n in names} == names
-    assert gpu_check.describe([], []) == "no SDPA (grouped matmuls)"
-    assert gpu_check.describe(["math"], ["aten::_scaled_dot_product_attention_math"]).startswith("MATH PATH: math")
+    assert gpu_plan.describe([], []) == "no SDPA (grouped matmuls)"
+    assert gpu_plan.describe(["math"], ["aten::_scaled_dot_product_attention_math"]).startswith("MATH PATH: math")
 
 
 def test_decode_lines_set_compiled_rows_against_the_measured_copy_and_label_eager_ones(gpu_check):
@@ -201,7 +207,10 @@ def test_the_budget_adds_up_most_valuable_first(gpu_check):
     assert set(gpu_check.TITLES) == set(gpu_plan.SECTIONS) and gpu_check.parse_sections(gpu_check.sections) == list(
         gpu_plan.SECTIONS)
     assert all(isinstance(graphs, int) and how for _, graphs, how in gpu_plan.PLAN.values())
-    assert gpu_plan.PLAN["preflight"][0] < 30  # a few seconds of work: the limit only guards a hang
+    assert gpu_plan.PLAN["preflight"][0] <= 30  # seconds of checks and a one-kernel compile probe
+    # the compiled sections start small: smoke at the small model's depth, train small first, then the 120M
+    assert gpu_check.TRAIN_LAYERS == (2, 12) and f"--n_layer={gpu_check.TRAIN_LAYERS[0]}" in gpu_check.smoke_args(
+        "data", "out")
 
 
 def test_compile_counters_cannot_hide_a_skip_or_a_recompile():
@@ -247,22 +256,28 @@ print(json.dumps(dict(loaded_torch=loaded_torch, torch="torch" in sys.modules, l
 
 
 def test_preflight_says_one_line_each_without_the_model(tmp_path):
+    """Versions and the version gate, the device, the toolchain, the data, the probe (not run here: --compile=False)
+    and a summary line, one line each; neither the model nor the compiler imported in the section's process."""
     code = f"""
 import sys
 sys.path.insert(0, {os.path.join(ROOT, "tests")!r})
 from conftest import load_script
 gc = load_script("scripts/gpu_check.py")
-gc.dry_run, gc.device = True, "cpu"
+gc.dry_run, gc.device, gc.compile, gc.report_dir, gc.only = True, "cpu", False, {str(tmp_path)!r}, "preflight"
 gc.check_preflight()
 print("model" in sys.modules, "torch._dynamo" in sys.modules)
 """
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    said = proc.stdout.strip().splitlines()
+    said = [x for x in proc.stdout.strip().splitlines() if not x.startswith("FIGURE ")]
     assert said[-1] == "False False"  # neither the model nor the compiler is imported to say what is there
-    assert said[0].startswith("torch ") and said[1].startswith("device ")
-    assert [x.split()[0] for x in said[2:7]] == ["cc", "Python.h", "triton", "numpy", "python"]
-    assert said[7].startswith("smoke data: ")
+    assert said[0].startswith("torch ") and said[1].endswith("or later)  PASS") and said[2].startswith("device ")
+    assert [x.split()[0] for x in said[3:8]] == ["cc", "Python.h", "triton", "numpy", "python"]
+    assert said[8].startswith("smoke data: ") and said[9] == "compile probe: not run (--compile=False)"
+    assert said[10].startswith("preflight: torch ") and said[10].endswith(
+        "EAGER ONLY (--compile=False): every later section runs eager and says so")
+    figures = gpu_report.read_figures(str(tmp_path), "preflight")
+    assert figures[0]["torch"] and figures[-1] == dict(compile_ok=False, why="--compile=False")
 
 
 def test_the_command_to_paste_is_one_line_under_2000_characters():
@@ -274,6 +289,20 @@ def test_the_command_to_paste_is_one_line_under_2000_characters():
     timeout = int([x for x in block.splitlines() if x.startswith("timeout_s: ")][0].split()[1])
     assert len(command) < 2000 and "python3 scripts/gpu_check.py" in command and "--report_dir=$OUT" in command
     assert gpu_plan.TOTAL_S < timeout <= gpu_plan.TOTAL_S + gpu_plan.CALL_OVERHEAD_S
+    assert timeout == gpu_plan.TIMEOUT_S <= 360  # one try of a cold lent machine: about 6 minutes
+
+
+def test_the_first_block_of_docs_gpu_is_that_command_and_downloads_nothing():
+    """docs/gpu.md's first code block is what a lent machine that reaches only the package index runs first: the
+    check, one command with one timeout within 6 minutes; no dataset, no hub, no other download before it."""
+    text = open(os.path.join(ROOT, "docs", "gpu.md")).read()
+    first = text.split("```")[1]
+    assert first == text.split("<!-- the command to paste -->")[1].split("```")[1]
+    commands = [x for x in first.splitlines() if x.startswith("command: ")]
+    assert len(commands) == 1 and commands[0] == "command: python3 scripts/gpu_check.py --report_dir=$OUT"
+    assert int(first.split("timeout_s: ")[1].split()[0]) <= 360
+    before = text.split("```")[0]
+    assert not any(word in first + before for word in ("pip install", "datasets", "prepare.py", "http", "wget"))
 
 
 @pytest.mark.slow  # cold compiles on the CPU: about a minute
@@ -291,3 +320,172 @@ def test_the_planned_compile_counts_are_what_the_cpu_counts(tmp_path):
                            env={"MPLCONFIGDIR": str(tmp_path)}))
     assert decode["compile_counters"]["compiled_graphs"] == gpu_plan.PLAN["decode"][1] == gpu_plan.decode_graphs(
         len(gc.decode_variants.split(",")), len(gc.contexts.split(",")))
+
+
+# ---- issue 55: a cold lent machine, one try of about 6 minutes ----
+def test_a_cut_process_keeps_what_it_printed_without_flushing(tmp_path):
+    """The benchmarks print their figures without flushing; a process cut at its limit must still leave them in its
+    log (run_logged runs it unbuffered)."""
+    script = "import time; print('measured: 123 tok/s'); time.sleep(60)"
+    rc, wall, text = gpu_plan.run_logged([sys.executable, "-c", script], str(tmp_path / "log"), 3)
+    assert rc is None and "measured: 123 tok/s" in text
+
+
+def test_bench_appends_each_model_s_figures_the_moment_they_are_measured(tmp_path):
+    """bench.py --figures: each model's first step (the compile, when compiled), then each model's timed row, one
+    JSON line each, printed as FIGURE lines too; the rows are the final JSON's."""
+    path = tmp_path / "figures" / "train.jsonl"
+    proc = run("bench.py", "--n_layer=1", "--n_embd=32", "--head_dim=8", "--n_head=4", "--vha_kv_head=2",
+               "--batch_size=2", "--block_size=16", "--train_steps=1", "--warmup=1", "--device=cpu",
+               "--train_variants=vha,gqa2", f"--figures={path}")
+    figures = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(f["variant"], "first_step_s" in f, "tok_s" in f) for f in figures] == [
+        ("vha", True, False), ("gqa2", True, False), ("vha", False, True), ("gqa2", False, True)]
+    assert [f["tok_s"] for f in figures[2:]] == [r["tok_s"] for r in last_json(proc)["results"]]
+    assert all(f["n_layer"] == 1 and f["compile"] is False for f in figures) and proc.stdout.count("FIGURE {") == 4
+
+
+def test_decode_rows_are_read_from_bench_decode_s_table_even_when_it_is_cut(tmp_path):
+    """bench_decode.py prints its table before the breakdown: every (variant, runtime, context) row is a figure,
+    read from the printed table; a log cut after the table (no JSON) gives the same rows, a line cut mid-write none."""
+    proc = run("bench_decode.py", *TINY_DECODE, "--variants=mha,vha_folded", env={"MPLCONFIGDIR": str(tmp_path)})
+    rows, want = gpu_report.decode_rows(proc.stdout), last_json(proc)["results"]
+    assert [(r["variant"], r["runtime"], r["ctx"]) for r in rows] == [(r["variant"], r["runtime"], r["ctx"])
+                                                                       for r in want]
+    assert all(abs(r["decode_tok_s"] - w["decode_tok_s"]) <= 0.05 for r, w in zip(rows, want))
+    printed = proc.stdout.splitlines()  # one table, or one per context: killed after its last row
+    last = next(i for i in range(len(printed)) if gpu_report.decode_rows("\n".join(printed[:i + 1])) == rows)
+    cut = "\n".join(printed[:last + 1])
+    assert gpu_report.decode_rows(cut) == rows and gpu_report.decode_rows(cut[:-20]) == rows[:-1]
+
+
+def test_a_section_cut_at_its_limit_keeps_its_figures_and_every_earlier_one(tmp_path):
+    """The dry run with a simulated hang (NANOVHA_GPU_CHECK_STALL): limits measures the copy bandwidth, then hangs
+    and is cut at its limit; report.json keeps the preflight's figures and the cut section's copy figure."""
+    out = tmp_path / "r"
+    proc = run("scripts/gpu_check.py", "--dry_run=True", "--sections=preflight,limits", "--compile=False",
+               "--section_s=limits:4", f"--report_dir={out}", check=False, env={"NANOVHA_GPU_CHECK_STALL": "limits:1"})
+    done = section_lines(out)
+    assert proc.returncode == 1 and done["preflight"]["status"] == "done"
+    assert done["preflight"]["figures"][0]["torch"] and done["preflight"]["figures"][-1]["compile_ok"] is False
+    assert done["limits"]["status"] == f"cut at its limit of {4 * gpu_plan.DRY_RUN_SCALE} s (FAIL)"
+    assert [sorted(f) for f in done["limits"]["figures"]] == [["copy_gb_s", "copy_mib"]]  # the matmul: never
+    assert done["limits"]["lines"][0].startswith("copy bandwidth") and not any(
+        x.startswith("FIGURE") for x in done["limits"]["lines"])
+    assert "1 figures" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("left, small_wall, skipped", [(200, 60, False), (60, 60, False), (59, 60, True)])
+def test_the_120m_starts_after_the_small_model_only_when_time_is_left(left, small_wall, skipped):
+    problem = gpu_plan.big_run_problem(left, small_wall, 12)
+    assert (problem or "").startswith(f"SKIPPED the 12-layer run: {left} s left in the section, less than the small "
+                                      f"run took ({small_wall} s;") if skipped else problem is None
+
+
+def test_the_train_section_says_what_it_skipped_and_why(gpu_check, tmp_path, monkeypatch):
+    """The small model runs first; when the rule says no, the 120M is skipped, said, and marked in the status."""
+    monkeypatch.setattr(gpu_check, "big_run_problem", lambda left, wall, layers: f"SKIPPED the {layers}-layer run")
+    for name, value in dict(dry_run=True, report_dir=str(tmp_path), only="train", deadline=time.time() + 120,
+                            lines=[], figures_made=[]).items():
+        monkeypatch.setattr(gpu_check, name, value)
+    os.makedirs(tmp_path / "logs")
+    result = gpu_check.check_train()
+    assert list(result["runs"]) == ["1_layers"] and gpu_check.lines[-1] == "SKIPPED the 2-layer run"
+    assert {f["n_layer"] for f in gpu_report.read_figures(str(tmp_path), "train")} == {1}
+    os.makedirs(tmp_path / "sections")
+    (tmp_path / "sections" / "train.json").write_text(json.dumps(dict(lines=gpu_check.lines, figures=result)))
+    assert gpu_check.section_status("train", 0, 100, "")["status"] == "done (part skipped)"
+
+
+@pytest.mark.parametrize("version, ok", [("2.11.0+cu130", True), ("2.7.0", True), ("2.13.0+cpu", True),
+                                         ("2.10.0a0+git1234", True), ("2.6.0+cu124", False), ("1.13.1", False)])
+def test_the_torch_version_gate(version, ok):
+    assert gpu_plan.version_gate(version) == (ok, f"torch {version} {'>=' if ok else '<'} 2.7 (the compiled decode "
+                                                  "needs 2.7 or later)")
+
+
+@pytest.mark.parametrize("device, timeout, ok, said", [
+    ("no_such_device", 60, False, "RuntimeError: Expected one of cpu"),  # broken: the check runs eager
+    ("cpu", 1, None, "not done in 1 s (slow, not known to be broken")])  # slow (a cold start): compile stays on
+def test_a_compile_probe_that_fails_or_is_cut_says_so_in_one_line(tmp_path, device, timeout, ok, said):
+    result, _, line = gpu_plan.compile_probe(device, str(tmp_path / "log"), timeout)
+    assert result is ok and line.startswith(f"compile probe: {said}") and "\n" not in line
+    assert line.endswith("  FAIL") == (ok is False) and (ok is not False or "device string: no_such_device" in line)
+
+
+@pytest.mark.parametrize("knob, probe, expected", [
+    (True, None, (True, "")),  # no preflight in this run: as planned
+    (True, dict(compile_ok=True, why="a one-kernel probe in 1.0 s"), (True, "")),
+    (True, dict(compile_ok=False, why="cc: not found"), (False, "cc: not found")),
+    (False, dict(compile_ok=True, why="a one-kernel probe in 1.0 s"), (False, "--compile=False"))])
+def test_the_preflight_s_verdict_decides_whether_a_section_compiles(gpu_check, tmp_path, monkeypatch, knob, probe,
+                                                                    expected):
+    monkeypatch.setattr(gpu_check, "report_dir", str(tmp_path))
+    monkeypatch.setattr(gpu_check, "compile", knob)
+    if probe:
+        gpu_report.append_figure(str(tmp_path / "figures" / "preflight.jsonl"), probe)
+    assert gpu_check.compiling() == expected
+
+
+@pytest.mark.parametrize("section, script, eager_arg", [("check_smoke", "train.py", "--compile=False"),
+                                                        ("check_train", "bench.py", "--compile=False"),
+                                                        ("check_decode", "bench_decode.py", "--compile=off")])
+def test_when_compile_cannot_work_every_later_section_runs_eager_and_says_so(gpu_check, char_data, tmp_path,
+                                                                             monkeypatch, section, script, eager_arg):
+    started = []
+    monkeypatch.setattr(gpu_check, "run_script", lambda name, args, tag: started.append((name, args)))
+    for name, value in dict(dry_run=False, report_dir=str(tmp_path), data_dir=char_data, lines=[]).items():
+        monkeypatch.setattr(gpu_check, name, value)
+    gpu_report.append_figure(str(tmp_path / "figures" / "preflight.jsonl"), dict(compile_ok=False, why="no cc"))
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "decode.log").write_text("")
+    assert getattr(gpu_check, section)() is None
+    assert started[0][0] == script and eager_arg in started[0][1]
+    assert gpu_check.lines[0] == "EAGER: torch.compile is off for this section (no cc); its figures are eager ones"
+
+
+def test_correctness_runs_its_eager_paths_when_compile_cannot_work(tmp_path):
+    code = f"""
+import sys
+sys.path.insert(0, {os.path.join(ROOT, "tests")!r})
+from conftest import load_script
+from nanovha.gpu_report import append_figure
+gc = load_script("scripts/gpu_check.py")
+gc.dry_run, gc.device, gc.report_dir, gc.only = True, "cpu", {str(tmp_path)!r}, "correctness"
+append_figure({str(tmp_path / "figures" / "preflight.jsonl")!r}, dict(compile_ok=False, why="no cc"))
+gc.check_correctness()
+print("torch._dynamo" in sys.modules and bool(__import__("torch")._dynamo.utils.counters["stats"]["unique_graphs"]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    said = [x for x in proc.stdout.strip().splitlines() if not x.startswith("FIGURE ")]
+    assert said[-1] == "False" and sum(x.endswith("(tolerance 5e-02)") and "PASS" in x for x in said) == 4
+    assert said[0] == "EAGER: torch.compile is off for this section (no cc); its figures are eager ones"
+    assert any(x.endswith("not run (eager only)") for x in said)
+    assert "compile counters: none (compile off in this run)" in said
+    assert len(gpu_report.read_figures(str(tmp_path), "correctness")) == 5  # the fold and 4 bf16 paths
+
+
+def test_without_torch_the_check_says_how_to_install_it_in_one_line(tmp_path):
+    fake = tmp_path / "no_torch" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    for args in (["--dry_run=True"], []):
+        proc = run("scripts/gpu_check.py", *args, f"--report_dir={tmp_path / 'r'}", check=False,
+                   env={"PYTHONPATH": str(fake.parent)})
+        assert proc.returncode == 1 and not proc.stdout and proc.stderr.strip() == (
+            f"error: this python ({sys.executable}) cannot import torch (ModuleNotFoundError: No module named "
+            f"'torch'): install it with `{sys.executable} -m pip install torch` (2.7 or later), then run the check "
+            "again")
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_torch211_check_runs_the_slow_compiled_tests():
+    """scripts/torch211_check.sh SUITE=slow: the slow tests that compile, in files that have them."""
+    text = open(os.path.join(ROOT, "scripts", "torch211_check.sh")).read()
+    files = text.split('SLOW_COMPILED="')[1].split('"')[0].split()
+    assert '-m slow $SLOW_COMPILED' in text and len(files) == 4
+    for path in files:
+        source = open(os.path.join(ROOT, path)).read()
+        assert "pytest.mark.slow" in source and "compile" in source, path

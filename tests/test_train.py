@@ -1,6 +1,8 @@
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -194,3 +196,42 @@ def test_each_dtype_path_trains_like_float32_and_resumes_exactly(char_data, tmp_
     assert abs(whole[-1][2] - fp32[-1][2]) < 0.05, (whole[-1], fp32[-1])
     train("part", dtype, "--max_iters=15")
     assert train("part", dtype, "--init_from=resume") == whole
+
+
+class Flags:
+    """A stand-in for torch.backends' flag objects: records each flag set on it."""
+
+    def __init__(self, log, name, **flags):
+        self.__dict__.update(flags, _log=log, _name=name)
+
+    def __setattr__(self, key, value):
+        self._log.append((self._name, key, value))
+
+
+@pytest.mark.parametrize("new_api, expected", [
+    (True, [("cuda.matmul", "fp32_precision", "tf32"), ("cudnn.conv", "fp32_precision", "tf32")]),  # torch >= 2.9
+    (False, [("cuda.matmul", "allow_tf32", True), ("cudnn", "allow_tf32", True)])])
+def test_tf32_is_set_through_one_api_never_both(new_api, expected):
+    """torch >= 2.9 raises when the legacy allow_tf32 flags and fp32_precision are mixed: allow_tf32() sets the new
+    API where torch has it, else the legacy flags."""
+    from types import SimpleNamespace
+    from nanovha.hardware import allow_tf32
+    log = []
+    new = dict(fp32_precision="none") if new_api else {}
+    backends = SimpleNamespace(cuda=SimpleNamespace(matmul=Flags(log, "cuda.matmul", allow_tf32=False, **new)),
+                               cudnn=Flags(log, "cudnn", allow_tf32=True, conv=Flags(log, "cudnn.conv", **new)))
+    assert allow_tf32(backends) == ("fp32_precision" if new_api else "allow_tf32") and log == expected
+
+
+def test_train_and_bench_set_tf32_only_through_allow_tf32():
+    """No TF32 flag written beside allow_tf32() (the legacy lines train.py had, mixed with the new API, raise)."""
+    from conftest import ROOT
+    for script in ("train.py", "bench.py", "scripts/gpu_check.py"):
+        text = open(os.path.join(ROOT, script)).read()
+        assert ".allow_tf32 =" not in text and ".fp32_precision =" not in text, script
+    assert "allow_tf32()" in open(os.path.join(ROOT, "train.py")).read()
+    assert "allow_tf32()" in open(os.path.join(ROOT, "bench.py")).read()
+    code = ("from nanovha.hardware import allow_tf32; import torch; api = allow_tf32(); "
+            "print(api, torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["fp32_precision", "tf32", "tf32"], out.stderr  # torch 2.13
