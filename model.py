@@ -143,7 +143,7 @@ class Attention(nn.Module):
             self.postmix_V = nn.Parameter(torch.zeros(H, r))  # V=0: exactly the identity at init
         self.cache_dims = (cfg.n_kv_head, d, d)  # KVCache: heads, key width, value width
         self.kv_cache = None
-        self.decode_kernel = "sdpa"  # the static step's one-token attention (GPT.set_decode_kernel)
+        self.decode_kernel = "sdpa"  # the one-token attention's kernel (GPT.set_decode_kernel)
 
     def apply_premix(self, q):
         """(B, T, H_p, d) -> (B, T, H_v, d), virtual head j = g*H_p + h gets q_h @ P[g]. One matmul:
@@ -414,7 +414,7 @@ class GPT(nn.Module):
         return [block.attn.kv_cache for block in self.blocks]
 
     def set_decode_kernel(self, kernel):
-        """The one-token attention of the static (compiled) step: "sdpa" or "nanovha" (kernels.py)."""
+        """The one-token attention's kernel, eager and compiled: "sdpa" or "nanovha" (kernels.py)."""
         for block in self.blocks:
             block.attn.decode_kernel = kernel
         return self

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model import ATTENTION, Attention, RMSNorm, apply_rope, check, plain_attention
-from nanovha.kernels import split_kv_attention, static_attention
+from nanovha.kernels import static_attention
 
 
 class MFAttention(Attention):
@@ -85,7 +85,7 @@ class MLAttention(nn.Module):
         self.o_proj = nn.Linear(H * d, D, bias=False)
         self.cache_dims = (1, r + dR, 0)  # KVCache: one latent "head", k <- [c_kv ; k_R], v unused
         self.kv_cache = None
-        self.decode_kernel = "sdpa"  # the static step's one-token attention (GPT.set_decode_kernel)
+        self.decode_kernel = "sdpa"  # the one-token attention's kernel (GPT.set_decode_kernel)
 
     @staticmethod
     def check_config(cfg):
@@ -163,11 +163,9 @@ class MLAttention(nn.Module):
         # which the first r columns are kept: sum_t p_t c_t. One SDPA reads the cache once for every
         # head (a (B, H, 1, r) query would broadcast the cache to every head, copying it H times)
         scale = 1 / math.sqrt(d + q_rope.size(-1))
-        if start_pos is None:  # exactly the past
-            visible = torch.ones(kv.size(2), dtype=torch.bool, device=kv.device)  # (Tk,)
-            a = split_kv_attention(q, kv, kv, visible, scale=scale)  # (B, 1, H, r + d_R)
-        else:
-            a = static_attention(q, kv, kv, start_pos, self.decode_kernel, scale)  # (B, 1, H, r + d_R)
+        if start_pos is None:  # eager: kv holds exactly the past, every position visible
+            start_pos = torch.tensor([kv.size(2) - 1], device=kv.device)
+        a = static_attention(q, kv, kv, start_pos, self.decode_kernel, scale)  # (B, 1, H, r + d_R)
         a_latent = a[..., :r].transpose(1, 2)  # (B, H, 1, r): sum_t p_t c_t
         return a_latent @ W_uv.transpose(-2, -1)  # (B, H, 1, d): W_uv,h (sum_t p_t c_t)
 

@@ -84,12 +84,14 @@ WIDE = dict(n_embd=256, n_head=16)  # heads of 16: the compiled-in float paths (
 @pytest.mark.parametrize("kw", [dict(WIDE, n_kv_head=2), dict(WIDE, n_kv_head=1), dict(MLA, n_head=8), MFA],
                          ids=["gqa", "mqa", "mla", "mfa"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_static_decode_through_the_kernel_equals_the_uncached_forward(kw, dtype):
-    """The compiled step's path with our kernel in force: every position's logits as the full forward gives them."""
+@pytest.mark.parametrize("static", [True, False], ids=["static", "eager"])
+def test_decode_through_the_kernel_equals_the_uncached_forward(kw, dtype, static):
+    """The compiled step's path (static) and eager decode with our kernel asked for: every position's logits as the
+    full forward gives them."""
     model = make(dtype=dtype, **kw)
     x = torch.randint(0, 41, (2, 14), generator=torch.Generator().manual_seed(1))
     full = model(x)[0]
-    got = decode_all(model.set_decode_kernel("nanovha"), x, 5, static=True)
+    got = decode_all(model.set_decode_kernel("nanovha"), x, 5, static=static)
     assert (got - full[:, 4:]).abs().max() < (1e-12 if dtype == torch.float64 else 1e-4)
 
 
