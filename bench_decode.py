@@ -10,7 +10,7 @@ bench.py).
 Speed does not depend on training, so the models have random weights. Variants are timed
 interleaved (one step of each in turn), so machine noise hits them alike; figures are medians
 with warm-up steps excluded. Each variant runs compiled (on a CPU an AOTInductor package per
-model, built once and cached: nanovha/compiled_decode.py; on CUDA, CUDA graphs) and eagerly, in
+model, built once and cached: nanovha/engine/compiled.py; on CUDA, CUDA graphs) and eagerly, in
 the same rounds; the compile time, the time to first token and the break-even length are printed
 beside tokens/s. With llama-cpp-python installed, the folded VHA model (and --ckpt) also runs in
 llama.cpp in the same rounds. The last stdout line is one JSON object with every figure.
@@ -70,7 +70,7 @@ llama_cpp = True
 # system
 warmup = 3  # untimed steps per variant
 device = "auto"
-dtype = "auto"  # weights and cache. auto: CUDA bf16; a CPU plans on vha_folded (nanovha/plan.py)
+dtype = "auto"  # weights and cache. auto: CUDA bf16; a CPU plans on vha_folded (nanovha/engine/plan.py)
 # auto: aot on a CPU, graphs on CUDA; aot (AOTInductor package), graphs (torch.compile), off
 compile = "auto"
 eager = True  # with a compiled step: also time every variant eagerly, in the same rounds

@@ -23,7 +23,7 @@ def sample_next(logits, temperature=1.0, top_k=None, generator=None):
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=None, decode=None):
     """Continues idx (B, T) -> (B, T + max_new_tokens); temperature=0 is greedy. Builds a cache
     of the needed size. decode: a stand-in for model.decode_one_token (a compiled one:
-    nanovha/compiled_decode.py), given the position as a (1,) tensor."""
+    nanovha/engine/compiled.py), given the position as a (1,) tensor."""
     B, T = idx.shape
     model.setup_cache(B, T + max_new_tokens)
     out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)  # (B, T + max_new_tokens)

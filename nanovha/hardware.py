@@ -7,7 +7,7 @@ and how the benchmarks time it (medians of interleaved calls).
 
 CUDA keeps a rule: bf16 autocast where the GPU has it, float16 with a GradScaler where it does
 not. On a CPU whether bf16 pays depends on the CPU, the model's width and the runtime, not on the
-instruction set alone, so "auto" is timed there on the run's own work (nanovha/plan.py, which
+instruction set alone, so "auto" is timed there on the run's own work (nanovha/engine/plan.py, which
 uses cpu_bf16_support and cpu_kind from here).
 """
 import copy
@@ -68,7 +68,7 @@ def cpu_features():
 def choose_dtype(device_type, dtype):
     """-> (dtype, one line saying why), by rule where nothing is timed. On CUDA "auto" is bf16 autocast where
     supported, else float16 (+ GradScaler); float32 elsewhere (a CPU's "auto" is timed:
-    nanovha/plan.py). An explicit bf16 on a CPU without it is kept, and the line is a warning
+    nanovha/engine/plan.py). An explicit bf16 on a CPU without it is kept, and the line is a warning
     (starts with "warning:") that it is emulated."""
     if device_type == "cuda":
         bf16 = torch.cuda.is_bf16_supported()
@@ -106,7 +106,7 @@ def training_step(model, x, y):
 def choose_decode_dtype(device_type, dtype):
     """The weights' and KV cache's dtype for generation off the CPU -> (dtype, one line saying
     why). "auto": bf16 where the GPU has it (else float32); float32 elsewhere. A CPU times its
-    choice (nanovha/plan.py)."""
+    choice (nanovha/engine/plan.py)."""
     if dtype != "auto":
         return dtype, f"{dtype}: asked for"
     if device_type == "cuda":
