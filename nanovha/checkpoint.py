@@ -8,30 +8,20 @@ adds the optimizer, iteration, dtype and dataset meta. Commands load through nan
 file and one dict.
 """
 import os
-import tempfile
 from dataclasses import fields
 
 import torch
 
 import nanovha.mla_mfa  # noqa: F401 (registers attn="mla" and "mfa": every loader knows them)
 from model import GPT, GPTConfig
+from nanovha.outputs import written_whole
 
 
 def save_checkpoint(obj, path):
-    """torch.save to a temp file in the same folder, fsync, then rename: a crash mid-write
-    leaves the previous file intact."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """torch.save to a temp file beside path, then a rename (outputs.written_whole): a crash
+    mid-write leaves the previous file intact."""
+    with written_whole(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def load_checkpoint(path, device="cpu"):

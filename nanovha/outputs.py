@@ -10,6 +10,7 @@ replaces it.
     stop_if(output_problem({"--export_gguf": path}, {"--ckpt_name": src}, own=[out_dir], exports=["--export_gguf"]))
     lock = hold(out_dir)   # until lock.close() or the process ends; a second process: one line with our pid
     with staged(export_hf) as tmp: write_files(tmp)   # a multi-file export appears whole, or not at all
+    with written_whole(path) as tmp: torch.save(obj, tmp)   # one file: the same
 """
 import atexit
 import contextlib
@@ -164,6 +165,25 @@ def preparing(out_dir, inputs=(), overwrite=False):
         yield
     finally:
         lock.close()
+
+
+@contextlib.contextmanager
+def written_whole(path):
+    """A temp file's path beside path (its folder made), fsynced and renamed onto path when the
+    block ends without error, removed otherwise: a crash mid-write leaves the old file whole."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + os.path.basename(path), suffix=os.path.splitext(path)[1])
+    os.close(fd)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 @contextlib.contextmanager

@@ -190,3 +190,20 @@ def test_a_staged_folder_appears_whole_or_not_at_all(tmp_path):
     with staged(str(target)) as tmp:
         (tmp_path / tmp / "new.txt").write_text("new")
     assert os.listdir(tmp_path) == ["export"] and os.listdir(target) == ["new.txt"]
+
+
+def test_a_file_written_whole_or_not_at_all(tmp_path):
+    """written_whole (checkpoints, plan files, compiled packages): a writer that dies leaves the old file and no temp
+    file; one that finishes replaces it, in a folder made for it."""
+    from nanovha.outputs import written_whole
+    path = tmp_path / "runs" / "ckpt.pt"
+    with written_whole(str(path)) as tmp:
+        open(tmp, "w").write("old")
+    with pytest.raises(RuntimeError):
+        with written_whole(str(path)) as tmp:
+            open(tmp, "w").write("half")
+            raise RuntimeError("the writer died")
+    assert os.listdir(path.parent) == ["ckpt.pt"] and path.read_text() == "old"
+    with written_whole(str(path)) as tmp:
+        open(tmp, "w").write("new")
+    assert os.listdir(path.parent) == ["ckpt.pt"] and path.read_text() == "new"

@@ -16,7 +16,6 @@ import inspect
 import json
 import os
 import sys
-import tempfile
 import time
 import warnings
 
@@ -26,6 +25,7 @@ from model import CACHE_BLOCK, KVCache
 from nanovha import kernels
 from nanovha.engine import kernel as our_op
 from nanovha.hardware import cpu_kind
+from nanovha.outputs import written_whole
 
 
 class DecodeStep(torch.nn.Module):
@@ -77,20 +77,12 @@ def build(model, path, batch_size=1, autotune=True, kernel="sdpa"):
         program = torch.export.export(DecodeStep(model).eval(), (torch.zeros(batch_size, 1, dtype=torch.long),
                                       torch.tensor([3]), example),
                                       dynamic_shapes=(None, None, [{2: CACHE_BLOCK * blocks}] * len(example)))
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".tmp_", suffix=".pt2")
-    os.close(fd)
     configs = {"max_autotune": autotune, "autotune_num_choices_displayed": 0,  # no tables printed
                "max_autotune_report_choices_stats": False}
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=FutureWarning)
-            warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # inductor's own
-            torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with written_whole(path) as tmp, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated")  # inductor's own
+        torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
 
 
 class CompiledDecode:

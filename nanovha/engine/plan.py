@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -28,6 +27,7 @@ from nanovha.engine.compiled import compiled_decode, package_path
 from nanovha.hardware import (choose_decode_dtype, cpu_bf16_support, cpu_kind, dtype_name, measure,
                               others_busy, timed, torch_dtype)
 from nanovha.kernels import DECODE_KERNELS, static_attention, use_decode_layout
+from nanovha.outputs import written_whole
 
 MARGIN = 0.05  # a candidate is beaten when the fastest is more than 5% faster
 BUSY_MARGIN = 0.25  # on a busy machine only a large gap leaves the safe choice
@@ -155,13 +155,10 @@ def timed_job(path, name, timer, needed, replan=False, by="sample.py"):
     job = dict(rounds=times, chosen=choose(times, margin_for(busy))[0], busy_cores=busy, how=how,
                provisional=busy is not None and busy > BUSY_CORES, by=by,
                when=datetime.datetime.now().isoformat(timespec="seconds"))
+    note = None
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp_plan_")
-        with os.fdopen(fd, "w") as f:
+        with written_whole(path) as tmp, open(tmp, "w") as f:
             json.dump(dict(machine=cpu_kind(), jobs={**read_jobs(path), name: job}), f)
-        os.replace(tmp, path)
-        note = None
     except OSError as e:
         note = f"note: the plan was not saved to {path} ({e.strerror or e}); measured again next time"
     return dict(job, fresh=True), note
