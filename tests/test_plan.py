@@ -236,3 +236,17 @@ def test_a_busy_machine_needs_a_large_gap_to_leave_the_safe_choice(tmp_path, qui
                              clock=clock)
     assert chosen.dtype == getattr(torch, picked)
     assert ("within 25% of bfloat16 (0.260 s/step): the safer kept" in str(chosen)) == (busy > 0)
+
+
+@pytest.mark.parametrize("fp32, bf16, says", [
+    ([0.30] * 5, [0.26] * 5, "within 25% of compiled bfloat16 (0.260 ms/token): the safer kept"),
+    ([0.90, 0.90, 0.90, 0.30, 0.30], [0.26, 0.26, 0.26, 0.60, 0.60],
+     "compiled bfloat16 (0.260 ms/token) faster in only 3 of 5 rounds: the safer kept"),
+])
+def test_the_reason_for_keeping_the_safer_names_the_test_it_failed(fp32, bf16, says):
+    """On a busy machine a candidate 3x faster by its median can still lose the 80%-of-rounds test: the line says
+    so rather than calling a 3x gap "within 25%"."""
+    times = {"compiled float32": [t * 1e-3 for t in fp32], "compiled bfloat16": [t * 1e-3 for t in bf16]}
+    job = dict(rounds=times, busy_cores=0.8, provisional=True, fresh=True)
+    assert plan.choose(times, plan.BUSY_MARGIN)[0] == "compiled float32"
+    assert plan.reason(job, times, "compiled float32", "token").startswith(says)
