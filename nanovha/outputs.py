@@ -173,7 +173,8 @@ def written_whole(path):
     block ends without error, removed otherwise: a crash mid-write leaves the old file whole."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + os.path.basename(path), suffix=os.path.splitext(path)[1])
+    name = os.path.basename(path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + name, suffix=os.path.splitext(name)[1])
     os.close(fd)
     try:
         yield tmp
