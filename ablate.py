@@ -26,6 +26,7 @@ from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results,
                                  parse_primary, primary_lines, pyplot, read_json, run_all, same_run, t_crit,
                                  train, write_json)
 from nanovha.loading import load_model
+from nanovha.outputs import save_figure
 from nanovha.config import at_least
 
 # -----------------------------------------------------------------------------
@@ -254,7 +255,7 @@ def plot_lm(groups, cfg):
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = os.path.join(cfg["out_root"], "ablate.png")
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 
@@ -262,7 +263,7 @@ def plot_lm(groups, cfg):
 def main():
     command, cfg = parse_args(sys.argv[1:])
     # one command per root: two would race on its runs and reports
-    lock = hold_root(cfg["out_root"])
+    lock = hold_root(cfg["out_root"], "--out_root")
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     {"run": cmd_run, "report": cmd_report}[command](cfg)

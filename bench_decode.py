@@ -32,7 +32,7 @@ from nanovha.costs import kv_bytes_per_token
 from nanovha.kernels import DECODE_KERNELS, cache_zeros, decode_attention, use_decode_layout
 from nanovha.engine import kernel as our_op
 from nanovha.engine.compiled import compiled_decode
-from nanovha.engine.plan import cache_folder, choose_attention, decode_plan, random_context
+from nanovha.engine.plan import cache_folder, cache_problem, choose_attention, decode_plan, random_context
 from nanovha.hardware import (choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, dtype_name, matmul_peak,
                               memory_problem, print_table, torch_dtype)
 from nanovha.hardware import interleaved as interleaved_on, timed as timed_on
@@ -109,10 +109,18 @@ def resolve_auto(device_type, decode_impl, prefill_max, compile):
     return decode_impl, prefill_max, compile
 
 
+if compile == "auto" and device_type == "cpu" and our_op.compiler() is None:
+    print("note: no C++ compiler here ($CXX or c++), so no compiled step: eager only", file=sys.stderr)
+    compile = "off"
 decode_impl, prefill_max, compile = resolve_auto(device_type, decode_impl, prefill_max, compile)
 need(compile != "aot" or device_type == "cpu", f"compile=aot builds a CPU package; on "
                                                f"{device_type} use graphs or off")
-need(attention_kernel != "nanovha" or compile != "aot" or not our_op.load(),
+need(attention_kernel == "auto" or compile == "aot", f"--attention_kernel={attention_kernel} picks the "
+     f"attention of an AOT-compiled step, and --compile={compile}; drop it or use --compile=aot")
+need(compile != "aot" or our_op.compiler() is not None,
+     "--compile=aot builds with a C++ compiler, and there is none here ($CXX or c++); install one or use --compile=off")
+stop_if(compile == "aot" and cache_problem(compile_cache, build=True))
+need(attention_kernel != "nanovha" or our_op.load(),
      "--attention_kernel=nanovha: our op cannot be loaded here (the note above says why); use auto or sdpa")
 stop_if(plot and figure_problem(plot, "--plot", {"--ckpt": ckpt and start_path(ckpt)}))  # now, not after the bench
 if threads:

@@ -68,7 +68,7 @@ batch_size = 2
 calib_len = 256  # tokens per calibration sequence (at most the model's block_size)
 seed = 1337
 device = "cpu"
-# True: replace an existing out_dir/out_name (never the source or the calibration file)
+# True: replace an existing out_dir/out_name checkpoint (never another file, the source or the calibration file)
 overwrite = False
 defaults = flat_defaults(globals())
 LIMITS = {"n_kv_head": at_least(1), "premix_fit": ("weights", "activations"), "physical": ("first", "best", "fit"),
@@ -346,11 +346,9 @@ def main(argv):
     dst = os.path.join(out_dir, out_name)
     training_run = os.path.exists(os.path.join(out_dir, "log.jsonl"))  # a conversion's folder holds no log
     stop_if(output_problem({"--out_dir/--out_name": dst}, {"--src": src, "--calib": calib},
-                           own=[] if training_run else [out_dir])
+                           own=[] if training_run else [out_dir], kinds={"--out_dir/--out_name": "checkpoint"},
+                           exports=["--out_dir/--out_name"], overwrite=overwrite)
             or file_name_problem(out_name))
-    if os.path.exists(dst) and not overwrite:
-        sys.exit(f"error: {dst} exists (another run's or conversion's checkpoint); choose another --out_dir or "
-                 f"--out_name, or pass --overwrite=True to replace it")
     try:
         # one writer: not while train.py or another convert.py writes this folder
         with holding(out_dir):

@@ -32,10 +32,11 @@ from nanovha.config import at_least, flat_defaults, settings
 from nanovha.costs import kv_bytes_per_token
 from nanovha.generate import generate
 from nanovha.gguf import GGUF_DTYPES, gguf_export_problem, write_gguf
-from nanovha.engine.plan import cache_folder, context_range, decode_plan
+from nanovha.engine.plan import cache_problem, context_range, decode_plan
 from nanovha.health import layer_health
 from nanovha.loading import load_model
-from nanovha.outputs import Busy, clobber_problem, file_name_problem, holding, output_problem, staged, writable_problem
+from nanovha.outputs import (Busy, clobber_problem, file_name_problem, holding, output_problem, save_figure,
+                             staged)
 from nanovha.qwen3 import hf_compare, hf_export_problem, write_hf
 
 # -----------------------------------------------------------------------------
@@ -218,21 +219,22 @@ def outputs(dst):
             "--plot (fold_analysis.png)": plot and os.path.join(out_dir, "fold_analysis.png")}
 
 
+KINDS = {"--out_name": "checkpoint", "--export_hf": "hf", "--export_gguf": "gguf",
+         "--plot (fold_analysis.png)": "figure"}  # what each output may replace: only its own kind
+
+
 def check_args(src, dst):
     """One-line refusals of the arguments themselves, before anything is read
     (nanovha/outputs.py): no output over an input (the checkpoint, the run's log) or another
-    output, none in another run's folder, an existing export only with --overwrite=True,
-    --out_name a file name in out_dir, every output folder writable."""
-    if export_hf and os.path.exists(export_hf) and not os.path.isdir(export_hf):
-        return f"--export_hf={export_hf} is a file, not a folder"
-    if export_gguf and os.path.isdir(export_gguf):
-        return f"--export_gguf={export_gguf} is a folder; give a file name (e.g. model.gguf)"
+    output, none in another run's folder, nothing replaced but an output of ours of its kind (an
+    export only with --overwrite=True), --out_name a file name in out_dir, every output folder
+    writable."""
     inputs = {"--ckpt_name": src, "the run's log": os.path.join(out_dir, "log.jsonl"),
               "the run's checkpoint": os.path.join(out_dir, "ckpt.pt")}
-    cache = compile_decode and device == "cpu" and cache_folder(compile_cache)
-    return (output_problem(outputs(dst), inputs, own=[out_dir], exports=["--export_hf", "--export_gguf"],
-                           overwrite=overwrite)
-            or file_name_problem(out_name) or (cache and writable_problem(cache, "--compile_cache")) or None)
+    return (output_problem(outputs(dst), inputs, own=[out_dir], kinds=KINDS,
+                           exports=["--export_hf", "--export_gguf"], overwrite=overwrite)
+            or file_name_problem(out_name)
+            or (compile_decode and device == "cpu" and cache_problem(compile_cache, build=True)) or None)
 
 
 def check_model(src, c, meta):
@@ -410,7 +412,7 @@ def save_plot(model, rows, path):
             ax.text(0.5, 0.5, "no premix", ha="center", va="center")
             ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
     plt.close(fig)
 
 

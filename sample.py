@@ -16,7 +16,7 @@ from data.common import load_tokenizer
 from model import fold_to_gqa
 from nanovha.config import DTYPES, at_least, flat_defaults, settings, stop_if
 from nanovha.costs import kv_bytes_per_token
-from nanovha.engine.plan import context_range, decode_plan
+from nanovha.engine.plan import cache_problem, context_range, decode_plan
 from nanovha.generate import generate
 from nanovha.hardware import memory_problem, torch_dtype
 from nanovha.loading import load_model
@@ -45,6 +45,8 @@ globals().update(settings(flat_defaults(globals()), sys.argv[1:], optional={"top
 
 
 def main():
+    if device == "cpu" and compile != "False":  # the plan's folder, before any work
+        stop_if(cache_problem(compile_cache, build=compile == "True"))
     torch.manual_seed(seed)
     model, encode, decode = load()
     prompt = prompt_tokens(encode, model)  # the token ids of --start

@@ -35,6 +35,7 @@ from nanovha.costs import kv_bytes_per_token
 from nanovha.experiments import (area, choose_variants, fmt, hold_root, load_results, parse_command, parse_primary,
                                  pyplot, read_json, ROOT, run_all, same_run, steps_to, train, write_json)
 from nanovha.loading import load_model
+from nanovha.outputs import save_figure
 from nanovha.sweep_report import change_section, paired_section, primary_section, success_rate
 from nanovha.variants import overrides
 
@@ -344,7 +345,7 @@ def plot(rows, points, variants, cfg):
     axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
     path = os.path.join(cfg["sweep_root"], "sweep.png")
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 
@@ -412,7 +413,7 @@ def cmd_robust_report(cfg):
 def main():
     command, cfg = parse_args(sys.argv[1:])
     # one sweep per root: two would race on its runs and reports
-    lock = hold_root(cfg["sweep_root"])
+    lock = hold_root(cfg["sweep_root"], "--sweep_root")
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     {"run": cmd_run, "report": cmd_report, "robust": cmd_robust, "robust-report": cmd_robust_report}[command](cfg)

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import signal
 import sys
 import time
 import zlib
@@ -171,6 +172,15 @@ if ddp:
 else:
     rank, local_rank, world_size = 0, 0, 1
 master = rank == 0
+
+
+def interrupted(signum, frame):
+    """Ctrl-C: one line saying what is kept and how to go on, not a traceback."""
+    go_on = ": continue with --init_from=resume" if saved_iter is not None else ""
+    sys.exit(f"stopped by Ctrl-C at iteration {iter_num}; {kept(saved_iter)}{go_on}" if master else 130)
+
+
+signal.signal(signal.SIGINT, interrupted)
 accum_per_rank = gradient_accumulation_steps // world_size
 compile, compile_reason = choose_compile(device_type, compile)
 if device_type == "cuda":

@@ -402,7 +402,7 @@ def cmd_report(cfg):
 
 def main():
     command, cfg = parse_args(sys.argv[1:])
-    lock = hold_root(cfg["root"])  # one command per root: two would race on its runs and reports
+    lock = hold_root(cfg["root"], "--out_root")  # one command per root: two would race on its runs and reports
     if cfg["threads"]:
         torch.set_num_threads(cfg["threads"])
     {"run": cmd_run, "report": cmd_report}[command](cfg)

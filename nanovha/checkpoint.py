@@ -27,8 +27,8 @@ def save_checkpoint(obj, path):
 def load_checkpoint(path, device="cpu"):
     """Returns the checkpoint dict; raises a clear error for a missing, corrupt or foreign file."""
     if not os.path.exists(path):
-        raise FileNotFoundError(f"checkpoint {path} not found: train one first (python train.py ...) "
-                                "or pass the right --out_dir")
+        raise FileNotFoundError(f"checkpoint {path} not found: check the path, or train one first "
+                                f"(python train.py ...)")
     if os.path.isdir(path):
         inner = os.path.join(path, "ckpt.pt")
         raise ValueError(f"{path} is a folder, not a checkpoint file; give the file"

@@ -19,7 +19,8 @@ Limits are data, checked in the same call: a tuple of the allowed values, a `Lim
 at_most(2**20) or one of your own: its text for the message and the test it runs) or a list of
 limits that must all hold. Some numbers are checked for every script, so no script can forget
 them (COMMON_LIMITS): a float must be finite (1e999 parses to inf), a seed must fit 0..2^63-1, a
-thread count must not be negative, a generation must stay under MAX_GENERATION positions.
+thread count must lie in 0..the cores this process may use, a generation must stay under
+MAX_GENERATION positions.
 sweep.py, ablate.py and uptrain.py make the same call through experiments.parse_command, whose
 --smoke / --quick sizes are config files too (config/<script>/<size>.py).
 """
@@ -75,7 +76,9 @@ SEED_MAX = 2**63 - 1  # torch's generators take any 64-bit seed; a run derives o
 # against this machine's memory)
 MAX_GENERATION = 2**20
 # checked for every script that has the key (a script's own limit for the key replaces it)
-COMMON_LIMITS = {"seed": Limit("in 0..2^63-1", lambda v: 0 <= v <= SEED_MAX), "threads": at_least(0),
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+COMMON_LIMITS = {"seed": Limit("in 0..2^63-1", lambda v: 0 <= v <= SEED_MAX),
+                 "threads": [at_least(0), at_most(CORES, " (the cores this machine gives this process)")],
                  "jobs": at_least(1),
                  **{k: [at_least(1), at_most(MAX_GENERATION, " (its tokens and KV cache are allocated up front)")]
                     for k in ("gen_tokens", "plan_tokens")}}
@@ -200,7 +203,9 @@ def configure(defaults, argv, optional=None):
                 given.add(key)
         else:
             key, sep, text = arg[2:].partition("=")
-            if not sep:
+            if not sep and isinstance(defaults.get(key), bool):
+                text = "True"  # a bare --flag turns a bool on
+            elif not sep:
                 raise ConfigError(f"bad argument {arg!r}: write --key=value")
             if key not in defaults:
                 raise ConfigError(f"unknown config key {key!r} in {arg!r}; known keys: "

@@ -1,4 +1,6 @@
 """The figure of bench_decode.py --plot: decode speed and KV memory against context."""
+from nanovha.outputs import save_figure
+
 
 
 def plot_decode(rows, ctxs, path, runtimes, title):
@@ -25,5 +27,5 @@ def plot_decode(rows, ctxs, path, runtimes, title):
     axes[0].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     print(f"wrote {path}")

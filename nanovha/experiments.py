@@ -85,14 +85,14 @@ def write_json(path, obj):
     os.replace(tmp, path)  # a crash never leaves half a result (which would count as done)
 
 
-def hold_root(root):
+def hold_root(root, flag):
     """One command at a time per results root (two would race on its runs and reports): the
     root's lock for this process's life. A root that is itself a run's folder is refused. Exits
-    in one line."""
-    if problem := foreign_run_problem(root, "the results root", set()):
+    in one line naming the flag that set the root."""
+    if problem := foreign_run_problem(root, flag, set()):
         sys.exit(f"error: {problem}")
     try:
-        return hold(root, flag="the results root")
+        return hold(root, flag=flag)
     except Busy as e:
         sys.exit(f"error: {e}")
 

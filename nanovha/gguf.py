@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from data.common import gpt2_encoding
+from nanovha.outputs import GGUF_KEY, MARK, written_whole
 from nanovha.qwen3 import qwen3_problem, qwen3_state, renamed, tokenizer_kind
 
 # our names -> llama.cpp's qwen3 tensors
@@ -149,7 +150,7 @@ def add_tokenizer(writer, vocab):
 def write_gguf(model, path, meta, dtype="float32"):
     """One GGUF file, architecture qwen3, that llama.cpp loads as it loads Qwen3: the weights in
     dtype (norm weights stay float32, as llama.cpp's converter keeps 1-D tensors) and the
-    dataset's tokenizer. Written to a temp file, then renamed. Returns a note (why the tokens are
+    dataset's tokenizer. Written whole (outputs.written_whole). Returns a note (why the tokens are
     stand-ins), or None."""
     import gguf
     c = model.cfg
@@ -158,6 +159,7 @@ def write_gguf(model, path, meta, dtype="float32"):
     vocab, note = gguf_vocab(meta, c.vocab_size)
     w = gguf.GGUFWriter(None, "qwen3")
     w.add_name(os.path.splitext(os.path.basename(path))[0])
+    w.add_string(GGUF_KEY, MARK)  # ours: a later export may replace this file (outputs.replace_problem)
     w.add_file_type({"float32": 0, "float16": 1, "bfloat16": 32}[dtype])  # gguf.LlamaFileType
     w.add_context_length(c.block_size)
     w.add_embedding_length(c.n_embd)
@@ -179,15 +181,9 @@ def write_gguf(model, path, meta, dtype="float32"):
         else:  # bf16 bits, rounded to nearest even like torch and ggml
             w.add_tensor(gguf_name(name), gguf.quants.quantize(x, gguf.GGMLQuantizationType.BF16),
                          raw_dtype=gguf.GGMLQuantizationType.BF16)
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".tmp{os.getpid()}_{os.path.basename(path)}")
-    try:
+    with written_whole(path) as tmp:
         w.write_header_to_file(tmp)
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return note

@@ -1,27 +1,41 @@
 """
 What a command may write, checked before it writes anything, the one guard every command uses.
 Every path is resolved (symlinks, `..`) first; then no output is one of its inputs (or inside an
-input folder), nor another output, nor lands in another run's folder; an existing export is
-replaced only with --overwrite=True; every output folder is a writable folder. One process at a
-time writes a folder (an exclusive lock the kernel releases when the process dies, so a killed
-run never leaves a stale one); a training run holds its data folder shared, so no prepare
-replaces it.
+input folder), nor another output, nor lands in another run's folder; every output folder is a
+writable folder. One rule for what is already there: **a write replaces only a file (or folder)
+of ours of the same kind** (a checkpoint by a checkpoint, a figure by a figure, an export by an
+export), never anything else, whatever the flags; an export of ours is replaced only with
+--overwrite=True. One process at a time writes a folder (an exclusive lock the kernel releases
+when the process dies, so a killed run never leaves a stale one); a training run holds its data
+folder shared, so no prepare replaces it.
 
-    stop_if(output_problem({"--export_gguf": path}, {"--ckpt_name": src}, own=[out_dir], exports=["--export_gguf"]))
+    stop_if(output_problem({"--export_gguf": path}, {"--ckpt_name": src}, own=[out_dir],
+                           kinds={"--export_gguf": "gguf"}, exports=["--export_gguf"]))
     lock = hold(out_dir)   # until lock.close() or the process ends; a second process: one line with our pid
     with staged(export_hf) as tmp: write_files(tmp)   # a multi-file export appears whole, or not at all
     with written_whole(path) as tmp: torch.save(obj, tmp)   # one file: the same
+    save_figure(fig, path)   # a PNG marked as ours, so a later run may replace it
 """
 import atexit
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import tempfile
+import zipfile
 
 RUN_FILES = ("ckpt.pt", "log.jsonl")  # what makes a folder a run: train.py's checkpoint and log
 # what makes a folder a prepared dataset
 DATA_FILES = ("train.bin", "val.bin", "meta.pkl", "val.npz")
+# what makes a file or folder ours, by kind: the only things a write of that kind may replace
+MARK = "nanoVHA"  # the Software text of every PNG we save, and GGUF_KEY's value in every GGUF we export
+GGUF_KEY = "nanovha.written_by"
+EXPORT_RECORD = "nanovha_export.json"  # in an export folder: the names of the files we wrote there
+KINDS = {"checkpoint": "a nanoVHA checkpoint", "figure": "a PNG figure nanoVHA saved",
+         "gguf": "a GGUF file nanoVHA exported", "hf": "a Hugging Face export folder nanoVHA wrote",
+         "items": "a file of multiple-choice items nanoVHA wrote", "report": "a GPU check report folder"}
+FOLDER_KINDS = ("hf", "report")
 
 
 def resolved(path):
@@ -58,32 +72,37 @@ def same_file(a, b):
         return False
 
 
-def output_problem(outputs, inputs, own=(), exports=(), overwrite=False):
+def output_problem(outputs, inputs, own=(), kinds=None, exports=(), overwrite=False):
     """The one check of a command's outputs ({flag: path}, files or folders; a false path is
     skipped) before any work, as one line, or None: no output is an input (clobber_problem) or
     overlaps another output; none lands in a folder holding another run than `own` (this
-    command's run folders); an existing file or non-empty folder named in `exports` needs
-    overwrite; every output's folder is a writable folder."""
+    command's run folders); what is at an output's path is replaced only if it is ours of the
+    kind `kinds` names for its flag (replace_problem), an export (`exports`) only with overwrite;
+    every output's folder is a writable folder."""
     named = {flag: path for flag, path in outputs.items() if path}
     mine = {resolved(folder) for folder in own if folder}
     pairs = [(a, b) for a in named for b in named if a != b]
+    kinds = {flag: kind for flag, kind in (kinds or {}).items() if flag in named}
     return (clobber_problem(named, inputs)
             or next((f"{a}={named[a]} and {b}={named[b]} are the same path, or one holds the "
                      f"other; write them apart"
                      for a, b in pairs if inside(resolved(named[a]), resolved(named[b]))), None)
             or next((p for flag, path in named.items() if (p := foreign_run_problem(path, flag, mine))), None)
-            or next((p for flag in exports if flag in named and (p := existing_problem(named[flag], flag, overwrite))),
+            or next((p for flag, kind in kinds.items()
+                     if (p := replace_problem(named[flag], flag, kind, overwrite if flag in exports else None))),
                     None)
             or next((p for flag, path in named.items() if (p := folder_problem(parent(path), flag))), None))
 
 
 def figure_problem(path, flag, inputs=None):
-    """output_problem for a figure a command saves at its end: also its folder must exist
-    (checked before the work)."""
+    """output_problem for a PNG figure a command saves at its end, checked before the work: a
+    .png path whose folder exists."""
     folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not path.lower().endswith(".png"):
+        return f"{flag}={path}: a figure is a .png file path (e.g. {flag}=decode.png)"
     if not os.path.isdir(folder):
         return f"{flag}={path}: the folder {folder} does not exist; create it or choose another path"
-    return output_problem({flag: path}, inputs or {})
+    return output_problem({flag: path}, inputs or {}, kinds={flag: "figure"})
 
 
 def parent(path):
@@ -103,14 +122,86 @@ def foreign_run_problem(path, flag, mine):
     return None
 
 
-def existing_problem(path, flag, overwrite):
-    """Why an export may not replace what is at path (an existing file or non-empty folder
-    without overwrite)."""
-    full = os.path.isdir(path) and bool(os.listdir(path))
-    if not overwrite and (full or os.path.isfile(path)):
-        what = "a folder that is not empty" if full else "an existing file"
-        return f"{flag}={path} is {what}; pass --overwrite=True to replace it, or choose another {flag}"
+def is_ours(path, kind):
+    """Whether path is a `kind` we wrote (KINDS): a checkpoint is a torch.save zip whose pickle
+    names model_args; a figure a PNG whose Software text is MARK; a GGUF carries GGUF_KEY in its
+    header; an items file is JSON lines of context, choices and label; an export folder holds
+    EXPORT_RECORD and only the files it names."""
+    try:
+        if kind == "checkpoint":
+            with zipfile.ZipFile(path) as z:
+                pickles = [n for n in z.namelist() if n.endswith("/data.pkl")]
+                return len(pickles) == 1 and b"model_args" in z.read(pickles[0])
+        if kind == "figure":
+            return png_text(path).get("Software") == MARK
+        if kind == "gguf":
+            with open(path, "rb") as f:
+                head = f.read(1 << 16)  # the key is written right after the architecture
+            return head[:4] == b"GGUF" and GGUF_KEY.encode() in head
+        if kind == "items":  # JSON lines, each {"context", "choices", "label", ...}
+            with open(path, encoding="utf-8") as f:
+                item = json.loads(f.readline())
+            return isinstance(item, dict) and {"context", "choices", "label"} <= set(item)
+        return not foreign_entries(path)
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return False
+
+
+def foreign_entries(folder):
+    """The entries of an output folder that EXPORT_RECORD does not name (all, without one)."""
+    try:
+        with open(os.path.join(folder, EXPORT_RECORD)) as f:
+            ours = set(json.load(f)["files"]) | {EXPORT_RECORD}
+    except (OSError, ValueError, KeyError, TypeError):
+        ours = set()
+    return sorted(set(os.listdir(folder)) - ours)
+
+
+def png_text(path):
+    """The tEXt entries of a PNG file ({} for anything else); they come before the pixels."""
+    text = {}
+    with open(path, "rb") as f:
+        if f.read(8) != b"\x89PNG\r\n\x1a\n":
+            return text
+        while len(head := f.read(8)) == 8 and head[4:] != b"IDAT":
+            data = f.read(int.from_bytes(head[:4], "big"))
+            f.read(4)  # the chunk's CRC
+            if head[4:] == b"tEXt":
+                key, _, value = data.partition(b"\0")
+                text[key.decode("latin-1")] = value.decode("latin-1")
+    return text
+
+
+def replace_problem(path, flag, kind, overwrite=None):
+    """Why writing a `kind` at path would replace what is there, or None (nothing there, an empty
+    folder, or one of ours it may replace). Anything not ours is refused whatever the flags; one
+    of ours needs overwrite=True where overwrite is not None (an export), and is replaced freely
+    where it is None (a command's own checkpoint or figure, written again)."""
+    folder = kind in FOLDER_KINDS
+    if folder and inside(resolved(os.getcwd()), resolved(path)):
+        return f"{flag}={path} is the current folder or holds it; run from elsewhere or choose another {flag}"
+    if not os.path.lexists(path) or (folder and os.path.isdir(path) and not os.listdir(path)):
+        return None
+    if os.path.isdir(path) != folder:
+        return f"{flag}={path} is a {'file' if folder else 'folder'}; give {'a folder' if folder else 'a file'}"
+    if not is_ours(path, kind):
+        held = f" (it holds {', '.join(foreign_entries(path)[:3])})" if folder else ""
+        return (f"{flag}={path} is not {KINDS[kind]}{held}: nothing replaces it, whatever the flags; "
+                f"choose another {flag}")
+    if overwrite is False:
+        return f"{flag}={path} is {KINDS[kind]}; pass --overwrite=True to replace it, or choose another {flag}"
     return None
+
+
+def record_export(folder, names):
+    """Writes EXPORT_RECORD into an export folder: what makes it ours (replace_problem)."""
+    with open(os.path.join(folder, EXPORT_RECORD), "w") as f:
+        json.dump({"files": sorted(names)}, f)
+
+
+def save_figure(fig, path, dpi=100):
+    """A matplotlib figure saved as a PNG marked as ours (figure_problem lets a later run replace it)."""
+    fig.savefig(path, dpi=dpi, format="png", metadata={"Software": MARK})
 
 
 def file_name_problem(name, flag="--out_name"):
@@ -124,12 +215,17 @@ def file_name_problem(name, flag="--out_name"):
 def folder_problem(folder, flag):
     """Why folder cannot be an output folder (a file, a dangling symlink, not writable), or None.
     Nothing is created."""
+    return not_a_folder_problem(folder, flag) or writable_problem(folder, flag)
+
+
+def not_a_folder_problem(folder, flag):
+    """Why folder is no folder and cannot become one (a file, a dangling symlink), or None."""
     if os.path.islink(folder) and not os.path.exists(folder):
         return (f"{flag}={folder} is a symlink to {os.readlink(folder)}, which does not exist; remove the link or "
                 f"choose another {flag}")
     if os.path.exists(folder) and not os.path.isdir(folder):
         return f"{flag}={folder} is a file, not a folder; choose another {flag}"
-    return writable_problem(folder, flag)
+    return None
 
 
 def dataset_problem(out_dir, inputs, overwrite):
@@ -167,6 +263,13 @@ def preparing(out_dir, inputs=(), overwrite=False):
         lock.close()
 
 
+def umask():
+    """This process's umask, which the files we write follow, as other tools' do."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def written_whole(path):
     """A temp file's path beside path (its folder made), fsynced and renamed onto path when the
@@ -176,6 +279,7 @@ def written_whole(path):
     name = os.path.basename(path)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp_" + name, suffix=os.path.splitext(name)[1])
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~umask())  # mkstemp's 0600 would keep a shared cache from its other users
     try:
         yield tmp
         with open(tmp, "rb+") as f:
@@ -195,6 +299,7 @@ def staged(target):
     where = os.path.dirname(os.path.abspath(target))
     os.makedirs(where, exist_ok=True)
     staging = tempfile.mkdtemp(dir=where, prefix=f".staging_{os.path.basename(os.path.abspath(target))}_")
+    os.chmod(staging, 0o777 & ~umask())  # as a folder made by mkdir
     try:
         yield staging
         old = staging + ".old" if os.path.lexists(target) else None

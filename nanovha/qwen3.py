@@ -21,6 +21,7 @@ from model import GPTConfig
 from nanovha.checkpoint import model_from_state
 from nanovha.costs import kv_bytes_per_token
 from nanovha.generate import generate
+from nanovha.outputs import record_export
 
 # Qwen3 (and other formats) name each projection; their rows stack into our fused ones
 UNFUSED_PROJECTIONS = {"attn.qkv_proj.weight": ("attn.q_proj.weight", "attn.k_proj.weight", "attn.v_proj.weight"),
@@ -410,6 +411,7 @@ def write_hf(model, folder, meta, source, shown=None):
             os.replace(os.path.join(staging, name), os.path.join(folder, name))
             names.append(name)
         os.rmdir(staging)
+    record_export(folder, names)  # ours: a later export may replace this folder (outputs.replace_problem)
     return names, note
 
 

@@ -40,8 +40,8 @@ def busy(fn):
 
 
 def main():
-    if problem := our_op.load():
-        sys.exit(f"error: {problem}")
+    if not our_op.load():
+        sys.exit(f"error: {our_op.why_not()}")
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 8, 32, generator=g).bfloat16()
     caches = [torch.randn(2, 1, 2, context, 32, generator=g).bfloat16() for _ in range(layers)]

@@ -229,7 +229,9 @@ def sha256s(folder):
 
 OUT_DIRS = {  # an output that would destroy something -> the needle; the folder's files are hashed before and after
     "an existing run's checkpoint": (["--out_dir={run}"], "another run's folder (ckpt.pt, log.jsonl)"),
-    "an existing conversion": (["--out_dir={src}", "--out_name=old.pt"], "exists (another run's or conversion's"),
+    "an existing conversion": (["--out_dir={src}", "--out_name=old.pt"], "is a nanoVHA checkpoint; pass --overwrite=True"),
+    "a file that is not a checkpoint": (["--out_dir={src}", "--out_name=notes.txt", "--overwrite=True"],
+                                        "is not a nanoVHA checkpoint: nothing replaces it, whatever the flags"),
     "the source's own file": (["--out_dir={src}"], "would write over --src"),
     "the calibration file": (["--out_dir={src}", "--out_name=calib.bin", "--calib={src}/calib.bin"],
                              "would write over --calib"),
@@ -245,7 +247,10 @@ def test_outputs_never_destroy_an_input_or_a_run(case, tmp_path):
     (src / "calib.bin").write_bytes(bytes(200))  # 100 uint16 ids
     (src / "empty.bin").write_bytes(b"")
     (src / "odd.bin").write_bytes(bytes(7))
-    (src / "old.pt").write_bytes(b"an earlier conversion")
+    save_source(str(src / "earlier"))
+    os.replace(src / "earlier" / "ckpt.pt", src / "old.pt")  # an earlier conversion
+    os.rmdir(src / "earlier")
+    (src / "notes.txt").write_text("a user's notes")
     save_source(str(run_dir))
     (run_dir / "log.jsonl").write_text('{"iter": 0}\n')
     before = {d: sha256s(d) for d in (src, run_dir)}

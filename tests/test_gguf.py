@@ -193,7 +193,8 @@ def test_what_cannot_be_exported_is_refused_in_one_line(tmp_path):
     assert "'\\ud800'" in refuse([f"--out_dir={d}/bad", f"--export_gguf={d}/x.gguf"], "llama.cpp cannot read", d)
     refuse([f"--out_dir={d}/ok", f"--export_gguf={d}/x.gguf", "--gguf_dtype=int8"], "gguf_dtype must be one of", d)
     refuse([f"--out_dir={d}/other", f"--export_gguf={d}/x.gguf"], "the tokenizer has 3 tokens but the model 37", d)
-    refuse([f"--out_dir={d}/ok", f"--export_gguf={d}/ok"], "is a folder", d)
+    os.makedirs(f"{d}/a_folder")
+    refuse([f"--out_dir={d}/ok", f"--export_gguf={d}/a_folder"], "is a folder; give a file", d)
     with pytest.raises(ValueError, match="fold it first"):  # the library refuses unfolded VHA weights
         gguf_export.write_gguf(make(attn="vha", n_head=4, n_kv_head=2), f"{d}/x.gguf", None)
     assert not os.path.exists(f"{d}/x.gguf")

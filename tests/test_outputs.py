@@ -57,19 +57,19 @@ REFUSED = {  # case: (command, its arguments ({w}: the world), the line's needle
         "would write over --ckpt_name"),
     "fold --export_gguf over the val.bin the proof reads": (
         "fold.py", ["--out_dir={w}/a", "--export_gguf={w}/data/val.bin", "--overwrite=True", *FOLD],
-        "would write over the data the proof reads"),
-    "fold --export_gguf over an existing file": (
-        "fold.py", ["--out_dir={w}/a", "--export_gguf={w}/data/val.bin", *FOLD], "pass --overwrite=True"),
+        "is not a GGUF file nanoVHA exported: nothing replaces it, whatever the flags"),
+    "fold --export_gguf over a file that is no GGUF of ours": (
+        "fold.py", ["--out_dir={w}/a", "--export_gguf={w}/data/val.bin", *FOLD], "is not a GGUF file nanoVHA exported"),
     "fold --export_gguf inside --export_hf": (
         "fold.py", ["--out_dir={w}/a", "--export_hf={w}/new_hf", "--export_gguf={w}/new_hf/model.safetensors", *FOLD],
         "are the same path, or one holds the other"),
-    "fold --export_hf into a non-empty folder": (
-        "fold.py", ["--out_dir={w}/a", "--export_hf={w}/hf", *FOLD], "is a folder that is not empty"),
+    "fold --export_hf into a folder that is no export of ours": (
+        "fold.py", ["--out_dir={w}/a", "--export_hf={w}/hf", *FOLD], "is not a Hugging Face export folder nanoVHA wrote"),
     "fold --export_hf onto another run": (
         "fold.py", ["--out_dir={w}/a", "--export_hf={w}/b", "--overwrite=True", *FOLD], "another run's folder"),
     "convert over the default calibration file": (
         "convert.py", ["--src={w}/b/ckpt.pt", "--out_dir={w}/data", "--out_name=val.bin", "--overwrite=True"],
-        "would write over the calibration file"),
+        "is not a nanoVHA checkpoint: nothing replaces it, whatever the flags"),
     "convert --out_name with ..": ("convert.py", ["--src={w}/a/ckpt.pt", "--out_dir={w}/c", "--out_name=../x.pt"],
                                    "must be a plain file name"),
     "convert into a training run's folder": (

@@ -99,7 +99,7 @@ def main(argv=None):
         sys.path.insert(0, ROOT)
         from nanovha.outputs import output_problem  # --out over what it reads, or into a run's folder: refused now
         reads = {f"--data_dir's {n}": os.path.join(args.data_dir, n) for n in ("val.bin", "meta.pkl")}
-        if problem := output_problem({"--out": args.out}, reads):
+        if problem := output_problem({"--out": args.out}, reads, kinds={"--out": "items"}):
             raise ValueError(problem)
         items = make_items(val_text(args.data_dir), args.n, args.seed, args.context_chars, args.n_words)
     except ValueError as e:

@@ -85,6 +85,9 @@ def build(model, path, batch_size=1, autotune=True, kernel="sdpa"):
         torch._inductor.aoti_compile_and_package(program, package_path=tmp, inductor_configs=configs)
 
 
+_unbuildable = []  # why a step could not be built in this process: not tried again
+
+
 class CompiledDecode:
     """A loaded package, called like model.decode_one_token with a tensor position. seconds: how
     long it took to get (build or load); built: whether this call compiled it."""
@@ -98,12 +101,13 @@ class CompiledDecode:
 
 
 def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True, kernel="sdpa"):
-    """The model's compiled decode step from folder, built first where it is not cached (None if
-    not and not build_it), its attention by `kernel`. A cached package is used only once it loads
-    and its first step matches eager decode; else a one-line note, then rebuilt or left out."""
-    problem = kernel == "nanovha" and our_op.load()  # the package calls our op: registered first
-    if problem:
-        raise RuntimeError(problem)
+    """The model's compiled decode step from folder, built first where it is not cached, its
+    attention by `kernel`; None where it is not cached and not build_it, or cannot be built here
+    (no C++ compiler, say: one line, and the caller decodes eagerly). A cached package is used
+    only once it loads and its first step matches eager decode; else a one-line note, then
+    rebuilt or left out."""
+    if kernel == "nanovha" and not our_op.load():  # the package calls our op: registered first
+        raise RuntimeError(our_op.why_not())
     path, t0, step = package_path(model, folder, batch_size, autotune, kernel), time.perf_counter(), None
     if os.path.exists(path):
         try:
@@ -115,10 +119,17 @@ def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True, k
             print(f"note: {path}: {problem}; " + ("rebuilding it" if build_it else "decoding without it"),
                   file=sys.stderr)
             step = None
-    if step is None and not build_it:
+    if step is None and (not build_it or _unbuildable):
         return None
     if step is None:
-        build(model, path, batch_size, autotune, kernel)
+        try:
+            build(model, path, batch_size, autotune, kernel)
+        except Exception as e:  # inductor raises many kinds; the first line says why, once
+            why = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)[:160]
+            _unbuildable.append(f"{type(e).__name__}: {why}")
+            print(f"note: the compiled decode step cannot be built here ({_unbuildable[0]}); decoding eagerly",
+                  file=sys.stderr)
+            return None
         step = CompiledDecode(model, path, True, kernel)
     step.seconds = time.perf_counter() - t0
     return step

@@ -2,20 +2,22 @@
 Our one-token CPU attention op (csrc/), built for this machine on first use and loaded as
 torch.ops.nanovha.decode_attention; plan.py times it against SDPA (docs/architecture.md: why).
 
-    problem = load()      # None once the op is registered; else one line saying why it is not
-    out = torch.ops.nanovha.decode_attention(q, k, v, pos, scale)   # (B, H_kv, G, d_v)
+    if load():            # True once the op is registered; else why_not() says why, in one line
+        out = torch.ops.nanovha.decode_attention(q, k, v, pos, scale)   # (B, H_kv, G, d_v)
 
 It never hangs or crashes a command: what goes wrong is one line, and SDPA decodes. A library
 lives in <cache>/kernels/<source, torch, CPU, instruction sets>-<compiler>, with a record written
-once it is whole; a whole one loads read-only (a shared or read-only cache, no compiler needed).
-A build runs in a folder of its own, renamed into place when done: a build killed midway, or one
-beside another, leaves nothing in the way of the next (no lock to wait on).
+once it is whole; a whole one loads read-only (a shared or read-only cache, no compiler needed),
+and a broken one is built again. A build runs in a child process, stopped with everything it
+started after BUILD_SECONDS, in a folder of its own renamed into place when done: a build
+killed midway, or one beside another, leaves nothing in the way of the next.
 """
 import glob
 import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,8 +29,12 @@ from data.common import cache_dir
 from nanovha.hardware import cpu_features, cpu_kind
 
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAME = "nanovha_decode_attention"
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
+# a build's time limit: about 6x the slowest build measured (15 s on 2 cores); the variable sets another
+BUILD_SECONDS = float(os.environ.get("NANOVHA_KERNEL_BUILD_SECONDS", 90))
+PROBE_SECONDS = 10  # for the compiler's --version
 _state = {"problem": None, "loaded": False}
 
 
@@ -41,36 +47,76 @@ def source_digest():
     return h.hexdigest()[:16]
 
 
+def run_limited(command, seconds):
+    """Runs command -> (its exit status, stdout + stderr); after `seconds` it is killed with every
+    process it started (ninja puts each compiler in a process group of its own, so a group kill
+    would miss them) and subprocess.TimeoutExpired raised."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out = proc.communicate(timeout=seconds)[0]
+        return proc.returncode, out or ""
+    except subprocess.TimeoutExpired:
+        for pid in [proc.pid, *descendants(proc.pid)]:  # all found before any is killed and re-parented
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.communicate()
+        raise
+
+
+def descendants(pid):
+    """The pids of every process below pid (Linux: the parent is field 4 of /proc/<pid>/stat)."""
+    parent = {}
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                parent[int(stat.split("/")[2])] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [p for p, pp in parent.items() if pp in frontier]
+        found, frontier = found + children, children
+    return found
+
+
 def compiler():
     """The C++ compiler torch builds with ($CXX, else c++), as its --version names it, or None."""
     try:
-        out = subprocess.run([os.environ.get("CXX", "c++"), "--version"], capture_output=True,
-                             text=True, timeout=30)
-        return out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout else None
+        code, out = run_limited([os.environ.get("CXX", "c++"), "--version"], PROBE_SECONDS)
+        return out.splitlines()[0].strip() if code == 0 and out.strip() else None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
+def machine_key():
+    """What a library must match here: the source, torch, the CPU and its instruction sets."""
+    text = f"{source_digest()} {torch.__version__} {cpu_kind()} {cpu_features()} {FLAGS}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def library_folder(cxx):
-    """<cache>/kernels/<what the library must match here>-<the compiler that builds it>."""
-    digest = lambda text: hashlib.sha256(text.encode()).hexdigest()[:12]
-    key = digest(f"{source_digest()} {torch.__version__} {cpu_kind()} {cpu_features()} {FLAGS}")
-    return os.path.join(cache_dir(), "kernels", f"{key}-{digest(cxx or '')}")
+    """<cache>/kernels/<machine_key>-<the compiler that builds it>."""
+    return os.path.join(cache_dir(), "kernels", f"{machine_key()}-{hashlib.sha256(cxx.encode()).hexdigest()[:12]}")
 
 
 def record_of(folder):
-    """The folder's built.json where its library is whole, else None."""
+    """The folder's built.json where its library is whole and the record well formed, else None."""
     try:
         with open(os.path.join(folder, "built.json")) as f:
             record = json.load(f)
-        return record if os.path.isfile(os.path.join(folder, NAME + ".so")) else None
     except (OSError, ValueError):
         return None
+    well_formed = (isinstance(record, dict) and isinstance(record.get("features"), list)
+                   and all(isinstance(f, str) for f in record["features"])
+                   and isinstance(record.get("when"), str) and isinstance(record.get("seconds"), (int, float)))
+    return record if well_formed and os.path.isfile(os.path.join(folder, NAME + ".so")) else None
 
 
 def open_library(folder):
     """Loads a whole library, read-only -> None, or why it cannot be used."""
-    lacks = sorted(set(record_of(folder).get("features", [])) - set(cpu_features()))
+    lacks = sorted(set(record_of(folder)["features"]) - set(cpu_features()))
     if lacks:
         return f"{folder} was built for {', '.join(lacks)}, which this CPU lacks"
     try:
@@ -81,28 +127,47 @@ def open_library(folder):
 
 
 def load():
-    """Loads the op, built first where it is not (once per source, torch, CPU and compiler) ->
-    None, or one line saying why it cannot be (remembered: not retried in this process)."""
+    """Loads the op, built first where it is not (once per source, torch, CPU and compiler), or
+    built again where its library is broken -> whether it is registered. Where it is not,
+    why_not() says why, in one line printed once (and it is not retried in this process)."""
     if not (_state["loaded"] or _state["problem"]):
         cxx = compiler()
-        folder = library_folder(cxx)
-        if cxx is None:  # no compiler: the newest library built for this CPU, by any compiler
-            built = sorted(filter(record_of, glob.glob(folder[:-12] + "*")), key=lambda f: record_of(f)["when"])
-            folder = built[-1] if built else None
-        problem = ("no C++ compiler here ($CXX or c++), and no library built for this CPU" if folder is None
-                   else open_library(folder) if record_of(folder) else build(folder, cxx))
+        problem = find_and_open(cxx)
         if problem:
             _state["problem"] = f"our attention kernel is not used: {problem}; SDPA decodes"
             print(f"note: {_state['problem']}", file=sys.stderr)
         else:
             torch.library.register_fake("nanovha::decode_attention", output_like)
             _state["loaded"] = True
+    return _state["loaded"]
+
+
+def why_not():
+    """Why the op is not loaded (load() said False), in one line, or None."""
     return _state["problem"]
 
 
-def build(folder, cxx):
-    """Builds the library in a new folder beside `folder`, renamed into place once whole, and
-    loads it -> None, or why not. Builds killed over an hour ago left their folders: removed."""
+def find_and_open(cxx):
+    """Opens this compiler's library (or, without one, the newest any compiler built for this
+    CPU), building it where there is none or it is broken -> None, or why it cannot be used."""
+    if cxx is None:
+        pattern = os.path.join(cache_dir(), "kernels", f"{machine_key()}-*")
+        built = sorted(filter(record_of, glob.glob(pattern)), key=lambda f: record_of(f)["when"])
+        if not built:
+            return "no working C++ compiler here ($CXX or c++), and no library built for this CPU"
+        problem = open_library(built[-1])
+        return problem and f"{problem} (install a C++ compiler to build it again, or remove the folder)"
+    folder = library_folder(cxx)
+    problem = open_library(folder) if record_of(folder) else "none built"
+    if problem and record_of(folder):
+        print(f"note: {problem}; building it again", file=sys.stderr)
+    return problem and (build(folder, cxx, replace=bool(record_of(folder))) or open_library(folder))
+
+
+def build(folder, cxx, replace=False):
+    """Builds the library in a new folder beside `folder`, renamed into place once whole (over a
+    folder that holds no whole library, or with replace, a broken one) -> None, or why not.
+    Builds killed over an hour ago left their folders: removed."""
     root = os.path.dirname(folder)
     try:
         os.makedirs(root, exist_ok=True)
@@ -114,27 +179,40 @@ def build(folder, cxx):
             shutil.rmtree(old, ignore_errors=True)
     before = [r["seconds"] for r in map(record_of, glob.glob(os.path.join(root, "*"))) if r]
     about = f", about {max(before):.0f} s the last time here" if before else ""
-    print(f"building our attention kernel for this CPU, once ({cxx}{about}) ...", file=sys.stderr, flush=True)
+    print(f"building our attention kernel for this CPU, once ({cxx}{about}; stopped after "
+          f"{BUILD_SECONDS:.0f} s) ...", file=sys.stderr, flush=True)
     t0 = time.time()
     try:
-        compile_library(tmp)
-    except (RuntimeError, OSError, ImportError, SystemExit) as e:
+        build_library(tmp)
+    except RuntimeError as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-        first = next((line for line in lines[1:] if "error" in line.lower()), lines[0])  # the compiler's
-        return f"it could not be built here ({first[:160]})"
+        return f"it could not be built here ({e})"
     record = dict(features=cpu_features(), compiler=cxx, torch=torch.__version__,
                   seconds=round(time.time() - t0, 1), when=time.strftime("%Y-%m-%dT%H:%M:%S"))
     with open(os.path.join(tmp, "built.json"), "w") as f:
         json.dump(record, f)
-    if os.path.isdir(folder) and not record_of(folder):  # not a whole library: none is renamed in unwhole
+    if os.path.isdir(folder) and (replace or not record_of(folder)):  # another build's whole one stays
         shutil.rmtree(folder, ignore_errors=True)
     try:
         os.rename(tmp, folder)
     except OSError:  # another process renamed its build there first: the same library
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"built in {record['seconds']:.0f} s: {folder}", file=sys.stderr)
-    return None
+    return None if record_of(folder) else f"{folder} holds no whole library"
+
+
+def build_library(folder):
+    """compile_library(folder) in a child process under BUILD_SECONDS; RuntimeError with the
+    compiler's first error line, or the limit, where it fails."""
+    code = f"import sys; sys.path.insert(0, {ROOT!r}); import nanovha.engine.kernel as k; k.compile_library(sys.argv[1])"
+    try:
+        status, out = run_limited([sys.executable, "-c", code, folder], BUILD_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the build was stopped at its limit of {BUILD_SECONDS:.0f} s; "
+                           f"NANOVHA_KERNEL_BUILD_SECONDS sets another") from None
+    if status != 0 or not os.path.isfile(os.path.join(folder, NAME + ".so")):
+        lines = [line.strip() for line in out.splitlines() if line.strip()] or [f"exit status {status}"]
+        raise RuntimeError(next((line for line in lines if "error" in line.lower()), lines[-1])[:160])
 
 
 def compile_library(folder):

@@ -13,8 +13,10 @@ import copy
 import datetime
 import hashlib
 import json
+import math
 import os
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -27,7 +29,7 @@ from nanovha.engine.compiled import compiled_decode, package_path
 from nanovha.hardware import (choose_decode_dtype, cpu_bf16_support, cpu_kind, dtype_name, measure,
                               others_busy, timed, torch_dtype)
 from nanovha.kernels import DECODE_KERNELS, static_attention, use_decode_layout
-from nanovha.outputs import written_whole
+from nanovha.outputs import folder_problem, not_a_folder_problem, written_whole
 
 MARGIN = 0.05  # a candidate is beaten when the fastest is more than 5% faster
 BUSY_MARGIN = 0.25  # on a busy machine only a large gap leaves the safe choice
@@ -128,6 +130,14 @@ def cache_folder(folder=""):
     return folder or os.path.join(cache_dir(), "compiled")
 
 
+def cache_problem(folder, build, flag="--compile_cache"):
+    """Why the cache folder cannot serve a command, checked before any work, or None: it must be
+    a folder (or be made one), and writable where the command builds compiled steps; a read-only
+    one still serves the steps and plans it holds."""
+    folder = cache_folder(folder)
+    return folder_problem(folder, flag) if build else not_a_folder_problem(folder, flag)
+
+
 def plan_path(folder, *parts):
     """folder/plan-<sha256 of what the timings depend on, machine and torch included>.json"""
     env = [cpu_kind(), torch.__version__, torch.get_num_threads()]
@@ -135,36 +145,67 @@ def plan_path(folder, *parts):
     return os.path.join(cache_folder(folder), f"plan-{key}.json")
 
 
-def read_jobs(path):
-    """The plan file's whole jobs; {} where it cannot be read (measured again, never fatal)."""
-    keys = ("rounds", "chosen", "busy_cores", "provisional", "when", "by", "how")
+def seconds_ok(value):
+    return type(value) in (int, float) and math.isfinite(value) and value > 0
+
+
+def job_problem(job):
+    """Why a plan file's job is not one this code writes, checked by type and value, or None."""
+    if not isinstance(job, dict) or not isinstance(job.get("rounds"), dict) or not job["rounds"]:
+        return "no timings"
+    rounds = job["rounds"].values()
+    if not all(isinstance(ts, list) and ts and all(map(seconds_ok, ts)) for ts in rounds):
+        return "timings that are not positive seconds"
+    if len({len(ts) for ts in rounds}) > 1 or job.get("chosen") not in job["rounds"]:
+        return "rounds of different lengths, or a choice that is not a candidate"
+    busy = job.get("busy_cores")
+    if busy is not None and not (type(busy) in (int, float) and math.isfinite(busy) and busy >= 0):
+        return "busy_cores that is not a number of cores"
+    if not isinstance(job.get("provisional"), bool):
+        return "provisional that is not true or false"
+    return next((f"{key} that is not text" for key in ("when", "by", "how") if not isinstance(job.get(key), str)),
+                None)
+
+
+def read_jobs(path, say=False):
+    """The plan file's jobs that pass job_problem; {} where there is no file. say: print a note
+    for a file that cannot be read and for each job left out (it is measured again)."""
     try:
         with open(path) as f:
             jobs = json.load(f)["jobs"]
-        return {name: job for name, job in jobs.items() if all(k in job for k in keys)
-                and isinstance(job["rounds"], dict) and job["chosen"] in job["rounds"]}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        if not isinstance(jobs, dict):
+            raise ValueError("its jobs are not a table")
+    except FileNotFoundError:
         return {}
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        if say:
+            why = getattr(e, "strerror", None) or e
+            print(f"note: the plan file {path} cannot be read ({why}); measured again", file=sys.stderr)
+        return {}
+    for name, problem in ((n, job_problem(job)) for n, job in jobs.items()):
+        if problem and say:
+            print(f"note: the plan file {path}: job {name!r} has {problem}; measured again", file=sys.stderr)
+    return {name: job for name, job in jobs.items() if not job_problem(job)}
 
 
 def timed_job(path, name, timer, needed, replan=False, by="sample.py"):
     """Job `name` of the plan file at path, read back where it is quiet and has timed every
     candidate in `needed`; else timer() -> ({candidate: [s per round]}, busy cores, how) now, the
-    choice made and the file written whole. -> (job, a note where it could not be saved)."""
-    job = None if replan else read_jobs(path).get(name)
+    choice made and the file written whole (a note where it cannot be)."""
+    job = None if replan else read_jobs(path, say=True).get(name)
     if job and not job["provisional"] and set(needed) <= set(job["rounds"]):
-        return job, None
+        return job
     times, busy, how = timer()
     job = dict(rounds=times, chosen=choose(times, margin_for(busy))[0], busy_cores=busy, how=how,
                provisional=busy is not None and busy > BUSY_CORES, by=by,
                when=datetime.datetime.now().isoformat(timespec="seconds"))
-    note = None
     try:
         with written_whole(path) as tmp, open(tmp, "w") as f:
             json.dump(dict(machine=cpu_kind(), jobs={**read_jobs(path), name: job}), f)
     except OSError as e:
-        note = f"note: the plan was not saved to {path} ({e.strerror or e}); measured again next time"
-    return dict(job, fresh=True), note
+        print(f"note: the plan was not saved to {path} ({e.strerror or e}); measured again next time",
+              file=sys.stderr)
+    return dict(job, fresh=True)
 
 
 # ---- timing on the job itself
@@ -225,14 +266,14 @@ def choose_attention(model, contexts, folder="", replan=False, by="sample.py"):
     """-> (kernel, job or None): the one-token attention of the model's compiled step here, SDPA
     or ours (kernel.py), timed on that attention alone at both contexts; SDPA where ours cannot
     be loaded."""
-    if our_op.load():
+    if not our_op.load():
         return "sdpa", None
     heads, k_dim, v_dim = model.blocks[0].attn.cache_dims
     shape = (heads, k_dim, v_dim, model.cfg.n_head // heads, len(model.blocks), str(model.embed.weight.dtype))
     path = plan_path(folder, "attention", shape, DECODE_KERNELS, our_op.source_digest())
     how = f"the attention alone at contexts {contexts[0]} and {contexts[1]}, {ROUNDS} rounds"
     timer = lambda: (*measure_at(contexts, lambda ctx: attention_calls(model, ctx)), how)
-    job = timed_job(path, f"attention {contexts[0]}-{contexts[1]}", timer, DECODE_KERNELS, replan, by)[0]
+    job = timed_job(path, f"attention {contexts[0]}-{contexts[1]}", timer, DECODE_KERNELS, replan, by)
     return job["chosen"], job
 
 
@@ -243,7 +284,7 @@ def attention_for(model, folder, contexts, build, replan, by):
     planned, job = choose_attention(model, contexts, folder, replan, by)
     title = f"attention in {dtype_name(model.embed.weight.dtype)}"
     lines = describe(title, job, "token") if job else [f"{title}: sdpa (ours cannot be loaded)"]
-    usable = [k for k in DECODE_KERNELS if k == "sdpa" or not our_op.load()]
+    usable = [k for k in DECODE_KERNELS if k == "sdpa" or our_op.load()]
     have = [] if build else [k for k in usable if os.path.exists(package_path(model, folder, kernel=k))]
     kernel = have[0] if have and planned not in have else planned
     if kernel != planned:
@@ -274,6 +315,9 @@ def decode_plan(model, contexts, folder="", dtypes=None, runtimes=RUNTIMES, buil
     def timer():
         steps.update({d: compiled_decode(models[d], folder, kernel=kernels[d][0])
                       for r, d in names.values() if r == "compiled"})
+        for name in [n for n, (r, d) in names.items() if r == "compiled" and steps[d] is None]:
+            del names[name]  # it cannot be built here
+        names.update({} if names else {label("eager", d): ("eager", d) for d in dtypes})
         for d in dtypes:  # eager calls the planned kernel (a step calls the one it was built with)
             models[d].set_decode_kernel(kernels[d][3])
         calls_at = lambda ctx: {n: decode_step_at(models[d], ctx, steps[d] if r == "compiled" else None)
@@ -282,9 +326,9 @@ def decode_plan(model, contexts, folder="", dtypes=None, runtimes=RUNTIMES, buil
                 f"{ROUNDS} interleaved rounds of >= {MIN_S} s each")
     path = plan_path(folder, "decode", repr(model.cfg), [label(r, d) for d in dtypes for r in RUNTIMES],
                      our_op.source_digest())
-    job_name, note = f"decode {contexts[0]}-{contexts[1]}", None
+    job_name = f"decode {contexts[0]}-{contexts[1]}"
     if len(names) > 1:
-        job, note = timed_job(path, job_name, timer, names, replan, by)
+        job = timed_job(path, job_name, timer, names, replan, by)
     elif (job := read_jobs(path).get(job_name)) and not set(names) <= set(job["rounds"]):
         job = None  # one candidate: nothing to time, a kept timing shown
     chosen = next(iter(names)) if job is None else job["chosen"] if job["chosen"] in names else choose(
@@ -300,11 +344,14 @@ def decode_plan(model, contexts, folder="", dtypes=None, runtimes=RUNTIMES, buil
     if runtime == "compiled":
         attention = kernels[dtype][0]
         step = steps.get(dtype) or compiled_decode(models[dtype], folder, kernel=attention)
-        details.append(f"package: {step.path}")
+        if step is None:
+            runtime, attention, why = "eager", kernels[dtype][3], f"{why}; the compiled step cannot be built here"
+        else:
+            details.append(f"package: {step.path}")
     details += kernels[dtype][2]
     models[dtype].set_decode_kernel(kernels[dtype][3] if runtime == "eager" else attention)
     seconds = {n: statistics.median(ts) for n, ts in job["rounds"].items()} if job else {}
-    return Plan(runtime, dtype, attention, why, seconds, "token", details + [note] * bool(note),
+    return Plan(runtime, dtype, attention, why, seconds, "token", details,
                 models[dtype], step)
 
 
@@ -336,8 +383,8 @@ def train_plan(step, key_parts, folder="", replan=False, clock=time.perf_counter
         times = measure(fns, rounds, warmup=0, clock=clock)[0]
         return times, stop(), f"{rounds} interleaved steps each after a warm-up"
     path = plan_path(folder, "train", *key_parts, native)
-    job, note = timed_job(path, "train", timer, dtypes, replan, by)
+    job = timed_job(path, "train", timer, dtypes, replan, by)
     seconds = {n: statistics.median(ts) for n, ts in job["rounds"].items()}
-    details = describe(f"training step on {cpu_kind()}", job, "step") + [note] * bool(note)
+    details = describe(f"training step on {cpu_kind()}", job, "step")
     return Plan(None, dtypes[job["chosen"]], None, reason(job, dtypes, job["chosen"], "step"), seconds,
                 "step", details)
