@@ -9,7 +9,7 @@ schedule and seeds; a seed fixes the init and every batch, so variants are compa
     python ablate.py report           # rebuild the tables and plot from the finished runs
 
 The recall KV-budget sweep is sweep.py. Any knob below can be overridden with --key=value after
-the size preset (--smoke, --quick, --full). Runs resume (nanovha/experiments.py). Times, with
+the size preset (--smoke, --quick, --full). Runs resume (lab/experiments.py). Times, with
 their CPU: docs/lm_grid.md.
 """
 import csv
@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from nanovha.costs import flops_per_token, kv_bytes_per_token
-from nanovha.experiments import hold_root
-from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command,
+from lab.experiments import hold_root
+from lab.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command,
                                  parse_primary, primary_lines, pyplot, read_json, run_all, same_run, t_crit,
                                  train, write_json)
 from nanovha.loading import load_model

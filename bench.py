@@ -10,8 +10,7 @@ Speed does not depend on training, so the models have random weights; the varian
 optimizer step each in turn (machine noise hits them alike), and figures are medians with warm-up
 steps excluded. The last stdout line is one JSON object with every figure; --figures=PATH also
 appends one JSON line per model the moment it is measured (its first step, the compile when
-compiled, then its timed row), printed as FIGURE lines, so a run cut at a time limit keeps them
-(scripts/gpu_check.py).
+compiled, then its timed row), so a run cut at a time limit keeps them (lab/gpu_check.py).
 """
 import json
 import os
@@ -22,11 +21,12 @@ from contextlib import nullcontext
 import torch
 
 import nanovha.mla_mfa  # noqa: F401 (registers attn="mla" and "mfa")
-from nanovha.config import ConfigError, at_least, config_file_values, flat_defaults, need, settings
+from nanovha.config import ConfigError, at_least, config_file_values, flat_defaults, need, settings, stop_if
 from nanovha.costs import flops_per_token, kv_bytes_per_token
-from nanovha.gpu_report import append_figure
-from nanovha.hardware import (allow_tf32, compile_counters, gpu_spec, interleaved, print_table, synchronize,
-                              torch_dtype, verdict)
+from nanovha.figures import compile_counters, gpu_spec, print_table, verdict
+from nanovha.hardware import allow_tf32, torch_dtype
+from nanovha.outputs import append_line, output_problem
+from nanovha.timing import interleaved, synchronize
 from nanovha.variants import overrides
 from model import GPT, GPTConfig
 
@@ -59,6 +59,7 @@ LIMITS = {**{k: at_least(1) for k in ("n_layer", "n_embd", "n_head", "head_dim",
                                      "batch_size", "block_size", "train_steps")},
           "warmup": at_least(0), "dtype": ("float32", "bfloat16")}  # bfloat16: autocast
 globals().update(settings(flat_defaults(globals()), sys.argv[1:], limits=LIMITS))
+stop_if(output_problem({"--figures": figures}, {}, kinds={"--figures": "figures"}))
 
 
 device_type = device.split(":")[0]
@@ -72,8 +73,8 @@ if device_type == "cuda":
 def note(**figure):
     """One figure of this run, appended to --figures the moment it is measured."""
     if figures:
-        append_figure(figures, dict(n_layer=n_layer, n_embd=n_embd, batch_size=batch_size, block_size=block_size,
-                                    dtype=dtype, compile=compile, **figure))
+        append_line(figures, dict(n_layer=n_layer, n_embd=n_embd, batch_size=batch_size, block_size=block_size,
+                                  dtype=dtype, compile=compile, **figure))
 
 
 def first_noted(name, step):
@@ -152,6 +153,7 @@ def run_train():
                        ("FLOPs vs gqa8", "flops_vs_gqa8", "{:.3f}"), ("ms/step", "ms_per_step", "{:.1f}"),
                        ("tokens/s", "tok_s", "{:.0f}"), ("speed vs gqa8", "speed_vs_gqa8", "{:.3f}"),
                        ("MFU", "mfu", "{:.1%}")])
+    note(compile_counters=compile_counters() if compile else None)
     targets = train_targets(named)
     return dict(mode="train", device=device, dtype=dtype, threads=torch.get_num_threads(), compile=compile,
                 block_size=block_size, batch_size=batch_size, results=rows, targets=targets,

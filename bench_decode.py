@@ -25,21 +25,21 @@ import time
 
 import torch
 
-from model import GPT, GPTConfig, fold_to_gqa, sdpa
-from nanovha import llamacpp
+from lab.decode_targets import check_targets, llama_ratios
+from model import GPT, GPTConfig, fold_to_gqa
+from nanovha.bridges import llamacpp
 from nanovha.config import DTYPES, at_least, flat_defaults, need, settings, stop_if
 from nanovha.costs import kv_bytes_per_token
-from nanovha.kernels import DECODE_KERNELS, cache_zeros, decode_attention, use_decode_layout
 from nanovha.engine import kernel as our_op
+from nanovha.engine.attention import DECODE_KERNELS, cache_zeros, decode_attention, use_decode_layout, use_engine
 from nanovha.engine.compiled import compiled_decode
-from nanovha.engine.plan import cache_folder, cache_problem, choose_attention, decode_plan, random_context
-from nanovha.hardware import (choose_decode_dtype, compile_counters, copy_bandwidth, cpu_kind, dtype_name, matmul_peak,
-                              memory_problem, print_table, torch_dtype)
-from nanovha.hardware import interleaved as interleaved_on, timed as timed_on
-from nanovha.decode_plot import plot_decode
-from nanovha.decode_targets import check_targets, llama_ratios
+from nanovha.engine.plan import choose_attention, decode_plan, random_context
+from nanovha.figures import compile_counters, copy_bandwidth, matmul_peak, plot_decode, print_table
+from nanovha.hardware import choose_decode_dtype, cpu_kind, dtype_name, memory_problem, torch_dtype
 from nanovha.loading import load_model, start_path
-from nanovha.outputs import figure_problem
+from nanovha.outputs import append_line, figure_problem, output_problem
+from nanovha.timing import cache_folder, cache_problem
+from nanovha.timing import interleaved as interleaved_on, timed as timed_on
 from nanovha.variants import GQA_N, overrides
 
 # -----------------------------------------------------------------------------
@@ -57,14 +57,13 @@ decode_steps = 30  # timed steps per variant and context
 # prefill (TTFT) is timed at min(context, prefill_max); None: 2048 on CPU, 32768 on CUDA
 prefill_max = None
 prefill_repeats = 3
-# one-token attention: grouped, sdpa, or auto (sdpa on CUDA in bf16/fp16, else grouped)
-decode_impl = "auto"
 ckpt = ""  # a nanoVHA checkpoint to benchmark as variant "ckpt"; the other variants take its shape
 copy_mib = 1024  # size of the tensor copy that measures the peak bandwidth
 # the n^3 matmul that measures the compute peak (a GPU needs about 8192 to approach its own)
 matmul_n = 1024
 weight_layout = "in_out"  # Linear weights in memory: in_out (GPT.use_decode_layout) or out_in (PyTorch's default)
 plot = ""  # PNG path: tokens/s and KV memory vs context
+figures = ""  # a JSON-lines file: one line per variant, runtime and context, appended as it is timed
 # also time vha_folded (and ckpt) in llama.cpp, when llama-cpp-python is importable (CPU only)
 llama_cpp = True
 # system
@@ -75,7 +74,7 @@ dtype = "auto"  # weights and cache. auto: CUDA bf16; a CPU plans on vha_folded 
 compile = "auto"
 eager = True  # with a compiled step: also time every variant eagerly, in the same rounds
 compile_autotune = True  # aot: inductor's C++ GEMM templates tuned per shape (faster steps, a longer build)
-attention_kernel = "auto"  # aot: the compiled step's one-token attention: auto (timed per variant), sdpa, nanovha
+attention_kernel = "auto"  # the one-token attention, eager and compiled: auto (timed per variant), sdpa, nanovha
 compile_cache = ""  # where compiled packages and plans are kept ("": $NANOVHA_CACHE/compiled)
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
@@ -83,46 +82,41 @@ seed = 1337
 LIMITS = {**{k: at_least(1) for k in ("decode_steps", "prefill_repeats", "block_size", "copy_mib", "matmul_n",
                                      "n_layer", "n_embd", "head_dim", "n_head", "vocab_size", "vha_kv_head",
                                      "batch_size", "prefill_max")},
-          "warmup": at_least(0), "dtype": DTYPES, "decode_impl": ("auto", "grouped", "sdpa"),
+          "warmup": at_least(0), "dtype": DTYPES,
           "compile": ("auto", "aot", "graphs", "off"), "weight_layout": ("out_in", "in_out"),
           "attention_kernel": ("auto", *DECODE_KERNELS)}
 globals().update(settings(flat_defaults(globals()), sys.argv[1:], optional={"prefill_max": int}, limits=LIMITS))
 DECODE_VARIANTS = ("mha", "gqa8", "gqa4", "gqa2", "mqa", "vha_folded", "mla", "mfa")  # nanovha/variants.py's names
-kernel_of = {}  # variant -> the attention kernel its compiled step calls (compiled_steps)
+kernel_of = {}  # variant -> its one-token attention, eager and compiled (attention_kernels)
 device_type = device.split(":")[0]
 shape = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
              head_dim=head_dim)
 
 
-def resolve_auto(device_type, decode_impl, prefill_max, compile):
-    """The device's defaults for decode_impl "auto", prefill_max None and compile "auto". CUDA:
-    SDPA decode (grouped for float32 weights: no fp32 SDPA kernel takes grouped heads), prefill
-    up to 32K, CUDA graphs. Elsewhere grouped decode (CPU SDPA at one query does per-query-head
-    work, however few KV heads there are), prefill up to 2K, and an AOTInductor package (CPU;
-    MPS: off)."""
-    cuda = device_type == "cuda"
-    half = cuda and dtype in ("auto", "bfloat16", "float16")
-    decode_impl = ("sdpa" if half else "grouped") if decode_impl == "auto" else decode_impl
-    prefill_max = (32768 if cuda else 2048) if prefill_max is None else prefill_max
+def resolve_auto(device_type, prefill_max, compile):
+    """The device's defaults for prefill_max None and compile "auto". CUDA: prefill up to 32K,
+    CUDA graphs. Elsewhere prefill up to 2K, and an AOTInductor package (CPU; MPS: off)."""
+    prefill_max = (32768 if device_type == "cuda" else 2048) if prefill_max is None else prefill_max
     if compile == "auto":
         compile = {"cuda": "graphs", "cpu": "aot"}.get(device_type, "off")
-    return decode_impl, prefill_max, compile
+    return prefill_max, compile
 
 
 if compile == "auto" and device_type == "cpu" and our_op.compiler() is None:
     print("note: no C++ compiler here ($CXX or c++), so no compiled step: eager only", file=sys.stderr)
     compile = "off"
-decode_impl, prefill_max, compile = resolve_auto(device_type, decode_impl, prefill_max, compile)
+prefill_max, compile = resolve_auto(device_type, prefill_max, compile)
 need(compile != "aot" or device_type == "cpu", f"compile=aot builds a CPU package; on "
                                                f"{device_type} use graphs or off")
-need(attention_kernel == "auto" or compile == "aot", f"--attention_kernel={attention_kernel} picks the "
-     f"attention of an AOT-compiled step, and --compile={compile}; drop it or use --compile=aot")
+need(attention_kernel != "nanovha" or device_type == "cpu", "--attention_kernel=nanovha is our CPU op; off the "
+     "CPU use auto or sdpa")
 need(compile != "aot" or our_op.compiler() is not None,
      "--compile=aot builds with a C++ compiler, and there is none here ($CXX or c++); install one or use --compile=off")
 stop_if(compile == "aot" and cache_problem(compile_cache, build=True))
 need(attention_kernel != "nanovha" or our_op.load(),
      "--attention_kernel=nanovha: our op cannot be loaded here (the note above says why); use auto or sdpa")
 stop_if(plot and figure_problem(plot, "--plot", {"--ckpt": ckpt and start_path(ckpt)}))  # now, not after the bench
+stop_if(output_problem({"--figures": figures}, {"--ckpt": ckpt and start_path(ckpt)}, kinds={"--figures": "figures"}))
 if threads:
     torch.set_num_threads(threads)
 if compile == "graphs":
@@ -138,7 +132,7 @@ interleaved = lambda fns, n_timed: interleaved_on(fns, n_timed, warmup, device_t
 def build(**kw):
     """A random-weight model of the benchmark's shape; kw picks the attention."""
     try:
-        return GPT(GPTConfig(**dict(shape, decode_impl=decode_impl, **kw)))
+        return GPT(GPTConfig(**dict(shape, **kw)))
     except ValueError as e:
         need(False, e)
 
@@ -189,7 +183,7 @@ def decode_models():
         shape.update({k: getattr(c, k) for k in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "head_dim",
                                                   "mlp_hidden", "rope_theta", "qk_norm", "tie_embeddings")})
         print(f"ckpt: {ckpt} ({c.attn}, {c.n_layer} layers, width {c.n_embd}); the other variants take its shape")
-        models["ckpt"], c.decode_impl = real, decode_impl
+        models["ckpt"] = real
         if c.attn == "vha":
             models["ckpt"], fold_diffs["ckpt"] = fold(real, "ckpt")
     need(models or names, "no variants: give --variants=... (e.g. mha,gqa2,vha_folded)")
@@ -220,19 +214,15 @@ def time_attention(models, ctx, ptdtype, runtime):
             H, d, r, dR, attn = c.n_head, c.head_dim, c.mla_kv_rank, c.mla_rope_dim, model.blocks[0].attn
             kv = rand(c.n_layer, batch_size, 1, ctx, r + dR)  # every layer's cache in one allocation
             q = (rand(batch_size, H, 1, d), rand(batch_size, H, 1, dR))
-            pos = None if runtime == "eager" else torch.tensor([ctx - 1], device=device)
-            attn.decode_kernel = kernel_of.get(name, "sdpa")  # as its step calls it
+            pos = ctx if runtime == "eager" else torch.tensor([ctx - 1], device=device)
             fns[name] = lambda kv=kv, q=q, attn=attn, pos=pos: [attn.absorbed_attention(*q, x, pos) for x in kv]
             continue
         kv = rand(c.n_layer, 2, batch_size, c.n_kv_head, ctx, c.head_dim)
         q = rand(batch_size, c.n_head, 1, c.head_dim)
         pos = ctx if runtime == "eager" else torch.tensor([ctx - 1], device=device)  # static: compiled's path
-        if runtime != "eager" or decode_impl == "grouped":  # the kernel its compiled step calls
-            kernel = kernel_of.get(name, "sdpa")
-            fns[name] = lambda kv=kv, q=q, pos=pos, kernel=kernel: [decode_attention(q, k, v, pos, kernel)
-                                                                    for k, v in kv]
-        else:
-            fns[name] = lambda kv=kv, q=q: [sdpa(q, k, v) for k, v in kv]  # as the model calls it
+        kernel = kernel_of[name]  # as the model calls it (use_engine)
+        fns[name] = lambda kv=kv, q=q, pos=pos, kernel=kernel: [decode_attention(q, k, v, pos, kernel=kernel)
+                                                                for k, v in kv]
     with torch.inference_mode():
         return interleaved(fns, decode_steps)
 
@@ -244,22 +234,32 @@ def weight_bytes(model):
     return n if model.cfg.tie_embeddings else n - model.embed.weight.numel() * model.embed.weight.element_size()
 
 
-def compiled_steps(models, ctxs, kernel=None):
+def attention_kernels(models, ctxs, kernel=None):
+    """Puts the engine in place on every model (use_engine) with its one-token attention: `kernel`,
+    else --attention_kernel, timed per variant where auto (on a CPU; SDPA elsewhere). Fills
+    kernel_of."""
+    for name, model in models.items():
+        kernel_of[name] = kernel or attention_kernel
+        if kernel_of[name] == "auto" and device_type == "cpu":
+            choice = choose_attention(model, (min(ctxs), max(ctxs)), cache_folder(compile_cache), by="bench_decode.py")
+            kernel_of[name], rounds = choice.kernel, choice.job["rounds"] if choice.job else {}
+            times = {k: f"{statistics.median(ts) * 1e3:.3f}" for k, ts in rounds.items()}
+            print(f"{name}: attention {kernel_of[name]} (ms/token: {times or 'ours cannot be loaded'})")
+        kernel_of[name] = "sdpa" if kernel_of[name] == "auto" else kernel_of[name]
+        use_engine(model, kernel_of[name])
+
+
+def compiled_steps(models):
     """name -> (the compiled one-token step, seconds it took to build or load, whether it was
     built), for the compiled runtime: an AOTInductor package (CPU) or torch.compile with CUDA
-    graphs. Fills kernel_of: each variant's attention kernel in its package (`kernel`, else
-    --attention_kernel, planned where auto)."""
+    graphs, each calling its variant's attention (kernel_of)."""
     steps, folder = {}, cache_folder(compile_cache)
     for name, model in models.items():
-        if compile == "aot":
-            kernel_of[name] = kernel or attention_kernel
-        if kernel_of.get(name) == "auto":
-            kernel_of[name], job = choose_attention(model, (min(ctxs), max(ctxs)), folder, by="bench_decode.py")
-            times = {k: f"{statistics.median(ts) * 1e3:.3f}" for k, ts in job["rounds"].items()} if job else {}
-            print(f"{name}: attention {kernel_of[name]} (ms/token: {times or 'ours cannot be loaded'})")
         t0 = time.perf_counter()
         if compile == "aot":
             step = compiled_decode(model, folder, batch_size, autotune=compile_autotune, kernel=kernel_of[name])
+            need(step is not None, "the compiled step cannot be built here (the note above says why); "
+                                   "use --compile=off")
             steps[name] = (step, step.seconds, step.built)
         elif compile == "graphs":  # compiled at its first call, timed there
             steps[name] = (torch.compile(model.decode_one_token, fullgraph=True, mode="reduce-overhead"), 0.0, True)
@@ -291,8 +291,8 @@ def time_decode(models, ctx, compiled, runners={}):
     # no autograd bookkeeping (and one CUDA graph, not a no_grad one and then another)
     with torch.inference_mode():
         for name, model in models.items():
-            random_context(model, ctx, ctx + 1 + warmup + decode_steps, batch_size)
-            kv_alloc[name] = sum(c.k.nbytes + c.v.nbytes for c in model.kv_caches())
+            caches = random_context(model, ctx, ctx + 1 + warmup + decode_steps, batch_size)
+            kv_alloc[name] = sum(c.k.nbytes + c.v.nbytes for c in caches)
             for runtime in runtimes:
                 steps[(name, runtime)] = decode_step(model, ctx, runtime, compiled.get(name))
                 if runtime != "eager":
@@ -350,6 +350,8 @@ def decode_table(models, ctxs, bw, runners, compiled, ptdtype):
                              kv_cache_mb=kv_alloc[name] / 1e6, prefill_len=p_len, ttft_ms=ttft * 1e3,
                              prefill_tok_s=batch_size * p_len / ttft, decode_ms=s * 1e3, decode_tok_s=batch_size / s,
                              mb_per_step=step_bytes / 1e6, gb_s=step_bytes / s / 1e9, bw_frac=step_bytes / s / bw))
+            if figures:  # the moment it is timed: a run cut later keeps it
+                append_line(figures, dict(rows[-1], device=device, dtype=dtype_name(ptdtype)))
     print_table([r for r in rows if r["ctx"] == ctxs[-1]], COLUMNS, flush=True)
     return rows, first_calls
 
@@ -394,8 +396,8 @@ def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
     # the same ops at head dim 2, no bandwidth to speak of
     floor = {"op_floor": op_floor_model(ptdtype)}
     # the folded model's attention kernel
-    kernel = kernel_of.get("vha_folded") or next(iter(kernel_of.values()), "sdpa")
-    floor_compiled = dict(compiled, **(compiled_steps(floor, [1], kernel) if runtime != "eager" else {}))
+    attention_kernels(floor, [1], kernel_of.get("vha_folded") or next(iter(kernel_of.values())))
+    floor_compiled = dict(compiled, **(compiled_steps(floor) if runtime != "eager" else {}))
     floor_s = time_decode(dict(models, **floor), 1, floor_compiled, runners)[0]
     floor_ms = {n: s * 1e3 for (n, r), s in floor_s.items() if r in (runtime, "llama.cpp")}
     attn_s, breakdown = time_attention(models, top, ptdtype, runtime), {}
@@ -441,6 +443,18 @@ def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
     return breakdown, floor_ms["op_floor"], flops_peak
 
 
+def decode_dtype(models, ctxs):
+    """-> (the plan or None, the weights' and cache's dtype, why). A CPU's "auto" is the plan timed on the
+    folded VHA at both ends of the contexts; elsewhere a rule, or what was asked."""
+    if device_type == "cpu" and dtype == "auto":
+        probe = models.get("vha_folded") or next(iter(models.values()))
+        plan = decode_plan(probe, (min(ctxs), max(ctxs)), compile_cache, build=compile == "aot",
+                           runtimes=("compiled", "eager") if compile == "aot" else ("eager",), by="bench_decode.py")
+        return plan, plan.dtype, str(plan)
+    name, why = choose_decode_dtype(device_type, dtype)
+    return None, torch_dtype(name), f"{name} ({why})"
+
+
 def run_decode():
     parts = contexts.split(",")
     need(contexts == "auto" or all(p.isdigit() and int(p) >= 1 for p in parts),
@@ -451,33 +465,27 @@ def run_decode():
     stop_if(memory_problem(caches + sum(weight_bytes(m) for m in models.values()), device,
                            f"the KV caches at context {max(ctxs):,} (batch {batch_size}) and every variant's weights",
                            "lower --contexts or --batch_size, or bench fewer --variants"))
-    probe = models.get("vha_folded") or next(iter(models.values()))  # "auto": the plan on the folded VHA
-    if device_type == "cpu" and dtype == "auto":  # timed on this model at both ends of the contexts
-        plan = decode_plan(probe, (min(ctxs), max(ctxs)), compile_cache, build=compile == "aot",
-                           runtimes=("compiled", "eager") if compile == "aot" else ("eager",), by="bench_decode.py")
-        ptdtype, why = plan.dtype, str(plan)
-    else:
-        plan, (name, why) = None, choose_decode_dtype(device_type, dtype)
-        ptdtype = torch_dtype(name)
+    plan, ptdtype, why = decode_dtype(models, ctxs)
     precision = dtype_name(ptdtype)
     for model in models.values():
         model.to(device, ptdtype)
         if weight_layout == "in_out":
             use_decode_layout(model)  # same values and shape, transposed storage
+    attention_kernels(models, ctxs)
     names = [n for n in ("vha_folded", "ckpt") if n in models] if llama_cpp else []
     runners = llamacpp.runners({n: models[n] for n in names}, {"ckpt": meta}, device_type)
     bw = copy_bandwidth(device, copy_mib)
     c = next(iter(models.values())).cfg
     print(f"cpu {cpu_kind()}" if device_type == "cpu" else f"device {torch.cuda.get_device_name()}")
     print(f"device {device}, dtype {why}; threads {torch.get_num_threads()}, batch {batch_size}, decode attention "
-          f"{decode_impl}, runtimes {', '.join(runtimes)}, weights {weight_layout}; {c.n_layer} layers, width "
-          f"{c.n_embd}, {c.n_head} query heads of dim {c.head_dim}, vocab {c.vocab_size}")
+          f"{', '.join(sorted(set(kernel_of.values())))}, runtimes {', '.join(runtimes)}, weights {weight_layout}")
+    print(f"{c.n_layer} layers, width {c.n_embd}, {c.n_head} query heads of dim {c.head_dim}, vocab {c.vocab_size}")
     print(f"peak bandwidth (copy of {copy_mib} MiB, read + write): {bw / 1e9:.1f} GB/s")
     print(f"decode: the context is random K/V written into the cache (no prefill), then "
           f"{decode_steps} timed steps "
           f"(+{warmup} warm-up) per variant and runtime, interleaved; prefill (TTFT) timed separately at "
           f"min(context, {prefill_max})")
-    compiled = compiled_steps(models, ctxs) if compile != "off" else {}
+    compiled = compiled_steps(models) if compile != "off" else {}
     rows, first_calls = decode_table(models, ctxs, bw, runners, compiled, ptdtype)
     top = 16384 if 16384 in ctxs else max(ctxs)
     at = {(r["variant"], r["runtime"], r["ctx"]): r for r in rows}
@@ -493,7 +501,7 @@ def run_decode():
     return dict(mode="decode", device=device, cpu=cpu_kind() if device_type == "cpu" else None, dtype=precision,
                 dtype_reason=why, plan=plan and {k: v for k, v in vars(plan).items() if k not in ("model", "step")},
                 threads=torch.get_num_threads(),
-                batch_size=batch_size, decode_impl=decode_impl,
+                batch_size=batch_size, attention=kernel_of,
                 compile=compile, runtimes=runtimes, weight_layout=weight_layout,
                 kv_fill="random K/V written into the cache", copy_gb_s=bw / 1e9,
                 model={k: getattr(c, k) for k in ("n_layer", "n_embd", "n_head", "head_dim", "vocab_size")},

@@ -26,18 +26,19 @@ import torch
 
 from data.common import read_bin
 from model import fold_to_gqa
-from nanovha import llamacpp
+from nanovha.bridges import llamacpp
 from nanovha.checkpoint import save_checkpoint
 from nanovha.config import at_least, flat_defaults, settings
 from nanovha.costs import kv_bytes_per_token
 from nanovha.generate import generate
-from nanovha.gguf import GGUF_DTYPES, gguf_export_problem, write_gguf
-from nanovha.engine.plan import cache_problem, context_range, decode_plan
+from nanovha.bridges.gguf import GGUF_DTYPES, gguf_export_problem, write_gguf
+from nanovha.engine.plan import context_range, decode_plan
 from nanovha.health import layer_health
 from nanovha.loading import load_model
+from nanovha.timing import cache_problem
 from nanovha.outputs import (Busy, clobber_problem, file_name_problem, holding, output_problem, save_figure,
                              staged)
-from nanovha.qwen3 import hf_compare, hf_export_problem, write_hf
+from nanovha.bridges.qwen3 import hf_compare, hf_export_problem, write_hf
 
 # -----------------------------------------------------------------------------
 out_dir = "out"

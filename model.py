@@ -2,7 +2,8 @@
 nanoVHA model: a Qwen3-style decoder with GQA and Virtual Head Attention (VHA), in one file.
 
 Reads top to bottom: RMSNorm, RoPE, KV cache, attention (GQA + VHA premix/postmix), MLP, block,
-config, model, and the fold. It needs no engine: nanovha/engine/ only makes decode fast (docs/architecture.md).
+config, model, and the fold. It needs no engine: nanovha/engine/ only makes decode fast, by putting
+its own one-token attention and KV memory in place (GPT.set_decode; docs/architecture.md).
 
 VHA in one picture, head counts as the paper names them: H_v = n_head = 8 (virtual) query heads attend,
 H_kv = n_kv_head = 2 KV heads, H_p = n_q_proj = H_v / H_kv = 4 physical query projections:
@@ -19,14 +20,14 @@ Both maps are linear, so after training they fold into W_q and W_o (see fold_to_
 the deployed model is a plain GQA model with n_head=H_v, n_kv_head=H_kv.
 """
 import math
-from dataclasses import asdict, dataclass, fields
-from typing import Literal, Optional, get_args, get_origin
+from dataclasses import asdict, dataclass
+from typing import Literal, Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from nanovha.kernels import CACHE_BLOCK, decode_attention, kv_memory
+from nanovha.gpt_rules import check_config, gqa_vha_rules
 from nanovha.paired_init import init_weights
 
 
@@ -95,6 +96,18 @@ def plain_attention(q, k, v):
     return scores.softmax(dim=-1) @ v  # (B, H_q, Tq, hd)
 
 
+def one_token_attention(q, k, v, start_pos, scale=None):
+    """One decoded token q (B, H, 1, d) over the cache k (B, H_kv, T, d), v (B, H_kv, T, d_v) ->
+    (B, H, 1, d_v). Each KV head's group of H / H_kv query heads become its query rows, so each KV
+    head is read once and any SDPA kernel takes it. start_pos an int: k and v hold exactly the
+    past; a (1,) tensor: they are the whole static cache, positions after start_pos masked."""
+    B, H, _, d = q.shape
+    qg = q.view(B, k.size(1), H // k.size(1), d)  # (B, H_kv, group, d): head j = g*group + i
+    mask = (torch.arange(k.size(2), device=q.device) <= start_pos)[None] if torch.is_tensor(start_pos) else None
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)  # (B, H_kv, group, d_v)
+    return out.view(B, H, 1, v.size(-1))
+
+
 def kv_expand_needed(device_type, dtype, H_q, H_kv):
     """True only for grouped heads in float32 on CUDA, where no fused SDPA kernel takes enable_gqa."""
     return device_type == "cuda" and dtype == torch.float32 and H_q != H_kv
@@ -143,7 +156,7 @@ class Attention(nn.Module):
             self.postmix_V = nn.Parameter(torch.zeros(H, r))  # V=0: exactly the identity at init
         self.cache_dims = (cfg.n_kv_head, d, d)  # KVCache: heads, key width, value width
         self.kv_cache = None
-        self.decode_kernel = "sdpa"  # the one-token attention's kernel (GPT.set_decode_kernel)
+        self.decode_attention = None  # one_token_attention's stand-in, if the engine set one (GPT.set_decode)
 
     def apply_premix(self, q):
         """(B, T, H_p, d) -> (B, T, H_v, d), virtual head j = g*H_p + h gets q_h @ P[g]. One matmul:
@@ -179,9 +192,8 @@ class Attention(nn.Module):
         cfg, T = self.cfg, q.size(2)
         if start_pos is not None:  # a (1,) tensor start_pos: a compiled step's static shapes
             k, v = self.kv_cache.update(start_pos, k, v)  # (B, H_kv, start_pos+T, d); static: all of it
-        if T == 1 and start_pos is not None and (torch.is_tensor(start_pos) or cfg.decode_impl == "grouped"):
-            # one token: each KV head read once for its group (kernels.py), by the kernel the plan chose
-            return decode_attention(q, k, v, start_pos, self.decode_kernel)
+        if T == 1 and start_pos is not None:  # one token: each KV head read once for its group
+            return (self.decode_attention or one_token_attention)(q, k, v, start_pos)
         if cfg.attn_impl == "plain":
             return plain_attention(q, k, v)
         # prefill starts at 0 and training has no cache, so the causal mask is the square one
@@ -209,20 +221,7 @@ class Attention(nn.Module):
             a = self.apply_postmix(a)  # 6. a' = (I + V U^T) a over the head axis
         return self.o_proj(a_flat(a))  # 7. (B, T, D)
 
-    @staticmethod
-    def check_config(cfg):
-        """GQA's and VHA's rules (GPTConfig calls it): no other kind's knobs; VHA has premix or postmix."""
-        check(cfg.q_rank is None, f"q_rank={cfg.q_rank} is the low-rank query of attn='mla' or 'mfa' "
-                                  f"(>= 1); attn={cfg.attn!r} has a full W_q: drop q_rank")
-        check(cfg.mla_kv_rank is None and cfg.mla_rope_dim is None,
-              f"mla_kv_rank / mla_rope_dim are attn='mla' knobs; attn={cfg.attn!r}: drop them")
-        if cfg.attn == "vha":
-            check(cfg.vha_premix or cfg.vha_postmix,
-                  "attn='vha' needs vha_premix or vha_postmix (or use attn='gqa')")
-            check(cfg.vha_premix or cfg.n_q_proj % cfg.n_kv_head == 0,  # postmix only: H_p heads attend
-                  f"postmix-only VHA attends with H_p = n_head // n_kv_head = {cfg.n_q_proj} heads, "
-                  f"which must be a multiple of n_kv_head={cfg.n_kv_head}")
-
+    check_config = staticmethod(gqa_vha_rules)  # no other kind's knobs; VHA has premix or postmix
 
 # attn= name -> its attention module; nanovha/mla_mfa.py adds "mla" and "mfa", the kinds VHA is compared with
 ATTENTION = {"gqa": Attention, "vha": Attention}
@@ -255,12 +254,6 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
 
-def check(ok, msg):
-    """A GPTConfig rule: raises ValueError naming the rule and the fix."""
-    if not ok:
-        raise ValueError(f"GPTConfig: {msg}")
-
-
 @dataclass
 class GPTConfig:
     vocab_size: int = 50304
@@ -286,37 +279,10 @@ class GPTConfig:
     mla_rope_dim: Optional[int] = None  # MLA: width d_R of the shared RoPE key (default head_dim // 2)
     mla_decode: Literal["absorb", "naive"] = "absorb"  # MLA's decode: over the latent, or up-projected
     attn_impl: Literal["sdpa", "plain"] = "sdpa"  # plain: the readable reference
-    decode_impl: Literal["grouped", "sdpa"] = "grouped"  # eager one-token decode: per KV head, or SDPA
 
     def __post_init__(self):
-        """Fills the None defaults and refuses what the model cannot build: a ValueError naming the fix."""
-        for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "n_kv_head"):
-            value = getattr(self, name)
-            check(type(value) is int, f"{name} must be an int, got {value!r}")
-            check(value >= 1, f"{name} must be >= 1, got {value}")
-        hint = "" if "mla" in ATTENTION else " (mla, mfa: import nanovha.mla_mfa first)"
-        check(self.attn in ATTENTION, f"attn must be one of {tuple(ATTENTION)}, got {self.attn!r}{hint}")
-        for f in fields(self):  # the Literal fields take one of their values
-            allowed, value = get_args(f.type), getattr(self, f.name)
-            check(get_origin(f.type) is not Literal or value in allowed,
-                  f"{f.name} must be one of {allowed}, got {value!r}")
-        check(self.n_head % self.n_kv_head == 0, f"n_head % n_kv_head != 0 ({self.n_head} % "
-              f"{self.n_kv_head}): each KV head must serve the same number of query heads")
-        if self.head_dim is None:
-            check(self.n_embd % self.n_head == 0,
-                  f"n_embd % n_head != 0 ({self.n_embd} % {self.n_head}); set head_dim explicitly")
-            self.head_dim = self.n_embd // self.n_head
-        check(self.head_dim >= 2 and self.head_dim % 2 == 0,
-              f"head_dim must be even for RoPE, got {self.head_dim}")
-        self.mlp_hidden = 3 * self.n_embd if self.mlp_hidden is None else self.mlp_hidden
-        check(self.mlp_hidden >= 1, f"mlp_hidden must be >= 1 (or None: 3 * n_embd), got {self.mlp_hidden}")
-        check(0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
-        ATTENTION[self.attn].check_config(self)  # the kind's own rules (and MLA's derived widths)
-        if self.vha_postmix_rank is None:
-            self.vha_postmix_rank = max(1, self.n_head // 4)
-        check(not self.has_postmix or 1 <= self.vha_postmix_rank <= self.n_attn_head,
-              f"vha_postmix_rank must be in [1, {self.n_attn_head}] (the heads it mixes), "
-              f"got {self.vha_postmix_rank}")
+        """Fills the None defaults and refuses what the model cannot build (nanovha/gpt_rules.py)."""
+        check_config(self, ATTENTION)
 
     # derived: which VHA pieces are on, H_p, the heads that attend, the padded vocab, RoPE's width
     has_premix = property(lambda self: self.attn == "vha" and self.vha_premix)
@@ -349,6 +315,7 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab, bias=False)  # N a multiple of 64
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        self.kv_memory = None  # how setup_cache allocates, if the engine set it (set_decode)
         init_weights(self, seed)  # GPT-2's N(0, 0.02), drawn per parameter and head by name
         for w in (self.embed.weight, self.lm_head.weight):  # padded rows are 0 and stay 0: never looked
             torch.nn.init.zeros_(w[cfg.vocab_size:])  # up, logits sliced off, weight decay keeps them 0
@@ -401,22 +368,24 @@ class GPT(nn.Module):
 
     # ---- decoding with a preallocated KV cache (gpt-fast style); the loop is nanovha/generate.py
     def setup_cache(self, batch_size, max_len):
-        """One KVCache per layer for positions 0..max_len-1, in the weights' dtype, rounded up to whole
-        blocks of CACHE_BLOCK positions, which the compiled decode step cuts into chunks."""
+        """A zeroed KVCache per layer for positions 0..max_len-1 (at least), in the weights' dtype ->
+        the caches. Each cache is its own torch.zeros, unless set_decode gave a kv_memory."""
         dtype, device = self.embed.weight.dtype, self.embed.weight.device
-        max_len = -(-max_len // CACHE_BLOCK) * CACHE_BLOCK  # ceil to a whole number of blocks
         dims = [block.attn.cache_dims for block in self.blocks]  # (heads, k_dim, v_dim) per layer
-        for block, (k, v) in zip(self.blocks, kv_memory(batch_size, max_len, dims, dtype, device)):
+        zeros = lambda heads, width: torch.zeros(batch_size, heads, max_len, width, dtype=dtype, device=device)
+        memory = (self.kv_memory(batch_size, max_len, dims, dtype, device) if self.kv_memory
+                  else [(zeros(heads, k_dim), zeros(heads, v_dim)) for heads, k_dim, v_dim in dims])
+        for block, (k, v) in zip(self.blocks, memory):
             block.attn.kv_cache = KVCache(k, v)  # (B, heads, max_len, k_dim), (B, heads, max_len, v_dim)
-
-    def kv_caches(self):
-        """Every layer's KVCache (None before setup_cache): how code outside this file reaches them."""
         return [block.attn.kv_cache for block in self.blocks]
 
-    def set_decode_kernel(self, kernel):
-        """The one-token attention's kernel, eager and compiled: "sdpa" or "nanovha" (kernels.py)."""
+    def set_decode(self, attention=None, kv_memory=None):
+        """What decode runs on: attention(q, k, v, start_pos, scale=None) in place of one_token_attention
+        in every layer, and kv_memory(batch_size, max_len, dims, dtype, device) -> [(k, v)] per layer in
+        place of torch.zeros. nanovha/engine/ sets its own; None, None: model.py's."""
         for block in self.blocks:
-            block.attn.decode_kernel = kernel
+            block.attn.decode_attention = attention
+        self.kv_memory = kv_memory
         return self
 
     @torch.no_grad()

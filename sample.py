@@ -16,10 +16,11 @@ from data.common import load_tokenizer
 from model import fold_to_gqa
 from nanovha.config import DTYPES, at_least, flat_defaults, settings, stop_if
 from nanovha.costs import kv_bytes_per_token
-from nanovha.engine.plan import cache_problem, context_range, decode_plan
+from nanovha.engine.plan import context_range, decode_plan
 from nanovha.generate import generate
 from nanovha.hardware import memory_problem, torch_dtype
 from nanovha.loading import load_model
+from nanovha.timing import cache_problem
 
 out_dir = "out"
 ckpt_name = "ckpt.pt"

@@ -32,11 +32,11 @@ from data.recall import tasks
 from model import fold_to_gqa
 from nanovha.config import SEED_MAX, at_least
 from nanovha.costs import kv_bytes_per_token
-from nanovha.experiments import (area, choose_variants, fmt, hold_root, load_results, parse_command, parse_primary,
+from lab.experiments import (area, choose_variants, fmt, hold_root, load_results, parse_command, parse_primary,
                                  pyplot, read_json, ROOT, run_all, same_run, steps_to, train, write_json)
 from nanovha.loading import load_model
 from nanovha.outputs import save_figure
-from nanovha.sweep_report import change_section, paired_section, primary_section, success_rate
+from lab.sweep_report import change_section, paired_section, primary_section, success_rate
 from nanovha.variants import overrides
 
 # -----------------------------------------------------------------------------

@@ -29,12 +29,12 @@ from nanovha.checkpoint import save_checkpoint
 from nanovha.config import flat_defaults, settings, stop_if
 from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.distill import drop_grads, frozen_params, kd_loss, load_teacher, set_frozen, teacher_forward
-from nanovha.hardware import (allow_tf32, autocast_for, choose_compile, choose_dtype, compile_counters, dtype_name,
-                              gpu_spec, training_step)
+from nanovha.figures import compile_counters, gpu_spec
+from nanovha.hardware import allow_tf32, autocast_for, choose_compile, choose_dtype, dtype_name, torch_dtype
 from nanovha.health import vha_health
 from nanovha.outputs import hold, resolved
 from nanovha.peers import PeerWatch, start_ddp
-from nanovha.engine.plan import train_plan
+from nanovha.timing import Plan, train_plan, training_step
 from nanovha.preflight import (cut_log, disk_problem, knob_problem, lr_schedule,
                                outputs_problem, prepare_out_dir, start_checkpoint, start_log, teacher_problem,
                                tokenizer_fix, vocab_mismatch, warmup_problem)
@@ -106,7 +106,7 @@ min_lr = None  # default learning_rate / 10
 # system
 device = "auto"  # auto picks cuda, then mps, then cpu; or "cpu", "cuda", "cuda:1", "mps"
 dtype = "auto"  # auto: CUDA bf16 autocast (fp16 on old GPUs); a CPU follows the plan for this model and machine
-# (nanovha/engine/plan.py: fp32 against bf16 autocast timed on the run's own step, kept for the next run)
+# (nanovha/timing.py: fp32 against bf16 autocast timed on the run's own step, kept for the next run)
 replan = False  # CPU, dtype auto: time fp32 against bf16 again rather than use the plan kept for this model
 compile = None  # None: on for CUDA, off elsewhere (hardware.choose_compile)
 ddp_timeout = 600  # DDP: seconds a process waits for the others in a collective (a hung peer) before it stops
@@ -270,20 +270,22 @@ if init_from == "scratch":
 model.to(device, dtype=torch.float64 if dtype == "float64" else torch.float32)
 # dtype "auto": on a CPU the faster of float32 and bf16 autocast on this model and batch (hardware.py); a resumed run
 # keeps the dtype it trained in, so it stays exact; under DDP every process takes rank 0's choice
+emulated = None  # the warning for an explicit bf16 on a CPU that emulates it
 if dtype == "auto" and resuming and ckpt.get("dtype"):
-    dtype, dtype_reason = (ckpt["dtype"],
-                           f"{ckpt['dtype']}: the dtype this run trained in (resumed; --dtype=... changes it)")
+    why = "the dtype this run trained in (resumed; --dtype=... changes it)"
+    plan = Plan(None, torch_dtype(ckpt["dtype"]), None, why)
 elif dtype == "auto" and device_type == "cpu":
     probe_batch = get_batch("train", torch.Generator().manual_seed(seed + 4))
     plan_key = [sorted(model_args.items()), tuple(probe_batch[0].shape), compile, device]
     plan = train_plan(training_step(model, *probe_batch), plan_key, replan=replan)
-    dtype, dtype_reason = dtype_name(plan.dtype), str(plan).removeprefix("plan: ")
 else:
-    dtype, dtype_reason = choose_dtype(device_type, dtype)
+    name, why = choose_dtype(device_type, dtype)
+    plan, emulated = Plan(None, torch_dtype(name), None, why), why if why.startswith("warning") else None
 if ddp:
-    choice = [dtype, dtype_reason]
+    choice = [plan]
     torch.distributed.broadcast_object_list(choice, src=0)
-    dtype, dtype_reason = choice
+    plan = choice[0]
+dtype = dtype_name(plan.dtype)
 autocast = autocast_for(device_type, dtype)  # params stay float32 (or float64); bf16/fp16 run under autocast
 
 # AdamW: weight decay on matrices and postmix, none on norms and premix (GPT.optimizer_groups says why)
@@ -349,8 +351,7 @@ if master:
     print(f"{raw_model.cfg.attn} model: {raw_model.num_params() / 1e6:.2f}M params, KV cache "
           f"{kv_bytes_per_token(raw_model.cfg, torch.float32)} B/token (fp32), {tokens_per_iter} tokens/iter, "
           f"device {device}, {compile_reason}, {world_size} process(es)")
-    emulated = dtype_reason.startswith("warning")  # an explicit bf16 on a CPU that emulates it
-    print(dtype_reason if emulated else f"dtype {dtype_reason}", file=sys.stderr if emulated else sys.stdout)
+    print(emulated if emulated else f"dtype {plan.summary}", file=sys.stderr if emulated else sys.stdout)
 
 
 def log(row):

@@ -39,8 +39,8 @@ import time
 import torch
 
 from nanovha.config import COMMON_LIMITS, at_least
-from nanovha.experiments import hold_root
-from nanovha.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, parse_primary,
+from lab.experiments import hold_root
+from lab.experiments import (choose_variants, fmt, fmt_paired, load_results, paired, parse_command, parse_primary,
                                  primary_lines, read_json, run_all, run_script, same_run, t_crit, train, write_json)
 
 # -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from nanovha.loading import load_model
-from nanovha.hardware import synchronize
+from nanovha.timing import synchronize
 
 ATTENTION_PARAMS = ("attn.qkv_proj.", "attn.o_proj.", "attn.q_up.", "attn.kv_up.", "attn.premix", "attn.postmix_")
 

@@ -1,9 +1,9 @@
 """
 One way to load a model, for every command and script:
 
-    model, ckpt = load_model("out-vha-small")                      # a run folder: its ckpt.pt
-    model, ckpt = load_model("out-vha-small/ckpt_folded.pt")       # any checkpoint file train/fold/convert wrote
-    model, ckpt = load_model("Qwen3-0.6B", "cuda")                 # a Hugging Face Qwen3 folder (nanovha/qwen3.py)
+    model, ckpt = load_model("out-vha-small")                  # a run folder: its ckpt.pt
+    model, ckpt = load_model("out-vha-small/ckpt_folded.pt")   # any checkpoint file train/fold/convert wrote
+    model, ckpt = load_model("Qwen3-0.6B", "cuda")             # a Hugging Face Qwen3 folder (bridges/qwen3.py)
 
 ckpt is the checkpoint dict ("model", "model_args", "meta", and what train.py keeps: "config",
 "iter_num", ...); a Hugging Face folder gives one built from the folder (kind "hf", its tokenizer
@@ -17,7 +17,7 @@ import os
 from dataclasses import asdict
 
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
-from nanovha.qwen3 import model_from_hf
+from nanovha.bridges.qwen3 import model_from_hf
 
 # what train.py writes into its out_dir, and what a run folder stands for
 RUN_CHECKPOINT = "ckpt.pt"

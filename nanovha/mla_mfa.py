@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model import ATTENTION, Attention, RMSNorm, apply_rope, check, plain_attention
-from nanovha.kernels import static_attention
+from model import ATTENTION, Attention, RMSNorm, apply_rope, one_token_attention, plain_attention
+from nanovha.gpt_rules import check
 
 
 class MFAttention(Attention):
@@ -85,7 +85,7 @@ class MLAttention(nn.Module):
         self.o_proj = nn.Linear(H * d, D, bias=False)
         self.cache_dims = (1, r + dR, 0)  # KVCache: one latent "head", k <- [c_kv ; k_R], v unused
         self.kv_cache = None
-        self.decode_kernel = "sdpa"  # the one-token attention's kernel (GPT.set_decode_kernel)
+        self.decode_attention = None  # one_token_attention's stand-in, if the engine set one (GPT.set_decode)
 
     @staticmethod
     def check_config(cfg):
@@ -124,7 +124,7 @@ class MLAttention(nn.Module):
         if start_pos is not None:
             kv, _ = self.kv_cache.update(start_pos, kv, kv[..., :0])  # (B, 1, Tk, r + d_R)
         if T == 1 and start_pos is not None and cfg.mla_decode == "absorb":
-            a = self.absorbed_attention(q_nope, q_rope, kv, start_pos if static else None)
+            a = self.absorbed_attention(q_nope, q_rope, kv, start_pos)
         else:
             # (max_len,): written
             visible = torch.arange(kv.size(2), device=x.device) <= start_pos if static else None
@@ -152,21 +152,18 @@ class MLAttention(nn.Module):
 
     def absorbed_attention(self, q_nope, q_rope, kv, start_pos):
         """One decoded token, attention over the cached [c_kv ; k_R] rows kv (B, 1, Tk, r + d_R),
-        start_pos a (1,) tensor (a static cache, written up to it) or None (exactly the past).
-        -> (B, H, 1, d)"""
+        start_pos a (1,) tensor (a static cache, written up to it) or an int (kv holds exactly the
+        past). -> (B, H, 1, d)"""
         H, d, r = self.cfg.n_head, self.cfg.head_dim, self.cfg.mla_kv_rank
         W_uk, W_uv = self.kv_up.weight.view(H, 2 * d, r).split([d, d], dim=1)  # (H, d, r) each
         q_latent = q_nope @ W_uk  # (B, H, 1, d) @ (H, d, r) -> (B, H, 1, r): W_uk,h^T q_C,h
-        # (B, 1, H, r + d_R): H query rows, one KV head
-        q = torch.cat([q_latent, q_rope], dim=-1).transpose(1, 2)
+        q = torch.cat([q_latent, q_rope], dim=-1)  # (B, H, 1, r + d_R): H heads over one "KV head"
         # q . [c_t ; k_R,t] = q_latent . c_t + q_R . k_R,t; the cached row is the value too, of
-        # which the first r columns are kept: sum_t p_t c_t. One SDPA reads the cache once for every
-        # head (a (B, H, 1, r) query would broadcast the cache to every head, copying it H times)
+        # which the first r columns are kept: sum_t p_t c_t. The H heads are the one KV head's group,
+        # so the cache is read once for all of them (one_token_attention)
         scale = 1 / math.sqrt(d + q_rope.size(-1))
-        if start_pos is None:  # eager: kv holds exactly the past, every position visible
-            start_pos = torch.tensor([kv.size(2) - 1], device=kv.device)
-        a = static_attention(q, kv, kv, start_pos, self.decode_kernel, scale)  # (B, 1, H, r + d_R)
-        a_latent = a[..., :r].transpose(1, 2)  # (B, H, 1, r): sum_t p_t c_t
+        a = (self.decode_attention or one_token_attention)(q, kv, kv, start_pos, scale)  # (B, H, 1, r + d_R)
+        a_latent = a[..., :r]  # (B, H, 1, r): sum_t p_t c_t
         return a_latent @ W_uv.transpose(-2, -1)  # (B, H, 1, d): W_uv,h (sum_t p_t c_t)
 
 

@@ -34,8 +34,8 @@ GGUF_KEY = "nanovha.written_by"
 EXPORT_RECORD = "nanovha_export.json"  # in an export folder: the names of the files we wrote there
 KINDS = {"checkpoint": "a nanoVHA checkpoint", "figure": "a PNG figure nanoVHA saved",
          "gguf": "a GGUF file nanoVHA exported", "hf": "a Hugging Face export folder nanoVHA wrote",
-         "items": "a file of multiple-choice items nanoVHA wrote", "report": "a GPU check report folder"}
-FOLDER_KINDS = ("hf", "report")
+         "items": "a file of multiple-choice items nanoVHA wrote", "figures": "a JSON-lines file of figures"}
+FOLDER_KINDS = ("hf",)
 
 
 def resolved(path):
@@ -138,10 +138,10 @@ def is_ours(path, kind):
             with open(path, "rb") as f:
                 head = f.read(1 << 16)  # the key is written right after the architecture
             return head[:4] == b"GGUF" and GGUF_KEY.encode() in head
-        if kind == "items":  # JSON lines, each {"context", "choices", "label", ...}
+        if kind in ("items", "figures"):  # JSON lines; items: {"context", "choices", "label", ...}
             with open(path, encoding="utf-8") as f:
                 item = json.loads(f.readline())
-            return isinstance(item, dict) and {"context", "choices", "label"} <= set(item)
+            return isinstance(item, dict) and (kind == "figures" or {"context", "choices", "label"} <= set(item))
         return not foreign_entries(path)
     except (OSError, ValueError, zipfile.BadZipFile):
         return False
@@ -197,6 +197,12 @@ def record_export(folder, names):
     """Writes EXPORT_RECORD into an export folder: what makes it ours (replace_problem)."""
     with open(os.path.join(folder, EXPORT_RECORD), "w") as f:
         json.dump({"files": sorted(names)}, f)
+
+
+def append_line(path, row):
+    """One JSON line appended to path and flushed: a process killed a moment later keeps it."""
+    with open(path, "a") as f:
+        f.write(json.dumps(row, default=str) + "\n")
 
 
 def save_figure(fig, path, dpi=100):

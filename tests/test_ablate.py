@@ -8,10 +8,10 @@ import shutil
 import pytest
 
 import ablate
-from nanovha import experiments
+from lab import experiments
 from conftest import run
 from nanovha.checkpoint import load_checkpoint
-from nanovha.experiments import read_json
+from lab.experiments import read_json
 
 ENV = {"OMP_NUM_THREADS": "1"}  # tiny models: a second thread only fights over a shared CPU
 

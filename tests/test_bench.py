@@ -13,6 +13,7 @@ from conftest import ROOT, load_script, run
 from nanovha.config import configure
 from nanovha.checkpoint import save_checkpoint
 from model import GPT, GPTConfig, fold_postmix, rope_cos_sin
+from nanovha.engine.attention import use_engine
 from test_model import VARIANTS, make
 
 TINY = ["--n_layer=2", "--n_embd=32", "--n_head=4", "--head_dim=8", "--vha_kv_head=2", "--threads=1", "--warmup=1",
@@ -30,16 +31,17 @@ def last_json(proc):
 
 # ---- exactness of the decode code (float64) ----
 @pytest.mark.parametrize("name", ["mha", "mqa", "vha", "postmix_only"])
-@pytest.mark.parametrize("decode_impl", ["grouped", "sdpa"])
-def test_static_shape_decode_equals_uncached_forward_float64(name, decode_impl):
+@pytest.mark.parametrize("engine", [False, True], ids=["model's own", "the engine's"])
+def test_static_shape_decode_equals_uncached_forward_float64(name, engine):
     """A tensor position (the torch.compile / CUDA-graph path) attends over the whole cache with a mask:
     garbage in the unwritten tail must not leak in."""
-    model = make(decode_impl=decode_impl, **VARIANTS[name])
+    model = make(**VARIANTS[name])
+    if engine:
+        use_engine(model)
     x = torch.randint(0, 37, (2, 30))
     with torch.no_grad():
         full = model(x)[0]
-    model.setup_cache(batch_size=2, max_len=45)
-    for cache in model.kv_caches():  # garbage everywhere; prefill and decode overwrite what they use
+    for cache in model.setup_cache(batch_size=2, max_len=45):  # garbage everywhere: prefill and decode overwrite it
         cache.k.normal_(0, 10)
         cache.v.normal_(0, 10)
     steps = [model.prefill(x[:, :12])]
@@ -224,17 +226,13 @@ def test_decode_step_compiles_as_one_graph_and_matches_eager():
 
 # ---- the CUDA argument path, without a GPU ----
 def test_auto_settings_resolve_for_cuda_and_cpu(monkeypatch):
-    """decode_impl=auto etc.: on CUDA SDPA decode in bf16/fp16 (grouped for float32 weights: no fp32 SDPA kernel takes
-    grouped heads), 32K prefill, CUDA graphs; a CPU decodes grouped, prefills 2K and compiles an AOTInductor package;
-    MPS runs eager. resolve_auto is called with device_type="cuda" here; no GPU is needed."""
+    """prefill_max and compile auto: on CUDA 32K prefill and CUDA graphs; a CPU prefills 2K and compiles an
+    AOTInductor package; MPS runs eager. resolve_auto is called with device_type="cuda" here; no GPU is needed."""
     import sys
     monkeypatch.setattr(sys, "argv", ["bench_decode.py", "--device=cpu"])
     bench = load_script("bench_decode.py")  # parses the argv above; runs nothing (the benchmark runs under __main__)
-    assert ((bench.decode_impl, bench.prefill_max, bench.compile, bench.runtimes)
-            == ("grouped", 2048, "aot", ["aot", "eager"]))
-    assert bench.resolve_auto("cuda", "auto", None, "auto") == ("sdpa", 32768, "graphs")  # dtype auto: bf16 there
-    assert bench.resolve_auto("cuda", "auto", 4096, "off") == ("sdpa", 4096, "off")  # explicit settings stay
-    assert bench.resolve_auto("cpu", "auto", None, "auto") == ("grouped", 2048, "aot")
-    assert bench.resolve_auto("mps", "auto", None, "auto") == ("grouped", 2048, "off")
-    monkeypatch.setattr(bench, "dtype", "float32")
-    assert bench.resolve_auto("cuda", "auto", None, "auto") == ("grouped", 32768, "graphs")
+    assert (bench.prefill_max, bench.compile, bench.runtimes) == (2048, "aot", ["aot", "eager"])
+    assert bench.resolve_auto("cuda", None, "auto") == (32768, "graphs")
+    assert bench.resolve_auto("cuda", 4096, "off") == (4096, "off")  # explicit settings stay
+    assert bench.resolve_auto("cpu", None, "auto") == (2048, "aot")
+    assert bench.resolve_auto("mps", None, "auto") == (2048, "off")

@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT, run
 from model import fold_to_gqa
 from nanovha.engine.compiled import compiled_decode, package_path
-from nanovha.kernels import use_decode_layout
+from nanovha.engine.attention import use_decode_layout
 from test_bench import TINY_DECODE, last_json
 from test_model import make
 
@@ -63,14 +63,14 @@ def test_compiled_step_equals_eager_decode_at_any_cache_length(tmp_path):
     for max_len in (30, 77):  # one package, two cache lengths (the length is a dynamic dimension)
         eager = copy.deepcopy(model)
         with torch.inference_mode():
+            caches = [m.setup_cache(1, max_len) for m in (model, eager)]
             for m in (model, eager):
-                m.setup_cache(1, max_len)
                 m.prefill(x[:, :12])
             for pos in range(12, 30):
                 want = eager.decode_one_token(x[:, pos:pos + 1], pos)
                 got = step(x[:, pos:pos + 1], torch.tensor([pos]))
                 assert (got - want).abs().max() <= 1e-5 * want.abs().max()
-        for a, b in zip(model.kv_caches(), eager.kv_caches()):  # the same keys and values written, nothing past them
+        for a, b in zip(*caches):  # the same keys and values written, nothing past them
             assert (a.k - b.k).abs().max() <= 1e-5
             assert torch.count_nonzero(a.v[:, :, 30:]) == 0
     again = compiled_decode(copy.deepcopy(model), str(tmp_path), autotune=False)

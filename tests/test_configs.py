@@ -134,7 +134,7 @@ WARMUP = {n: os.path.join(ROOT, "config", f"qwen3_0p6b_{n}.py") for n in ("vha_w
 def test_qwen3_warmup_recipe_and_its_baseline_state_their_budget():
     """The baseline is a diff applied after the VHA recipe that changes only the converted start, and their comments'
     arithmetic is the numbers' and model.py's."""
-    from nanovha.qwen3 import qwen3_model_args
+    from nanovha.bridges.qwen3 import qwen3_model_args
     from convert import target_config
     base = WARMUP["vha_warmup"]
     settings = {n: load(base, *([p] if p != base else [])) for n, p in WARMUP.items()}

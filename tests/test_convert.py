@@ -229,7 +229,7 @@ def sha256s(folder):
 
 OUT_DIRS = {  # an output that would destroy something -> the needle; the folder's files are hashed before and after
     "an existing run's checkpoint": (["--out_dir={run}"], "another run's folder (ckpt.pt, log.jsonl)"),
-    "an existing conversion": (["--out_dir={src}", "--out_name=old.pt"], "is a nanoVHA checkpoint; pass --overwrite=True"),
+    "an existing conversion": (["--out_dir={src}", "--out_name=old.pt"], "a nanoVHA checkpoint; pass --overwrite=True"),
     "a file that is not a checkpoint": (["--out_dir={src}", "--out_name=notes.txt", "--overwrite=True"],
                                         "is not a nanoVHA checkpoint: nothing replaces it, whatever the flags"),
     "the source's own file": (["--out_dir={src}"], "would write over --src"),

@@ -7,8 +7,9 @@ import os
 import pytest
 import torch
 
+from nanovha import timing
 from nanovha.engine import kernel as our_op, plan
-from nanovha.kernels import kv_memory, static_attention
+from nanovha.engine.attention import PagedKV, static_attention, use_engine
 from test_mla_mfa import MFA, MLA, decode_all
 from test_model import make
 
@@ -91,7 +92,7 @@ def test_decode_through_the_kernel_equals_the_uncached_forward(kw, dtype, static
     model = make(dtype=dtype, **kw)
     x = torch.randint(0, 41, (2, 14), generator=torch.Generator().manual_seed(1))
     full = model(x)[0]
-    got = decode_all(model.set_decode_kernel("nanovha"), x, 5, static=static)
+    got = decode_all(use_engine(model, "nanovha"), x, 5, static=static)
     assert (got - full[:, 4:]).abs().max() < (1e-12 if dtype == torch.float64 else 1e-4)
 
 
@@ -105,10 +106,12 @@ def test_static_attention_calls_the_kernel_asked_for(monkeypatch):
     assert len(calls) == 1 and calls[0][-1] == 16 ** -0.5
 
 
-def test_kv_memory_is_one_zeroed_allocation_in_views():
+def test_paged_kv_is_one_zeroed_allocation_in_views():
     dims = [(2, 16, 16), (1, 40, 0), (2, 16, 16)]
-    parts = kv_memory(1, 20_000, dims, torch.bfloat16, torch.device("cpu"))  # 2.6 MB: the 2 MB-page path
-    assert [(k.shape, v.shape) for k, v in parts] == [((1, h, 20_000, kd), (1, h, 20_000, vd)) for h, kd, vd in dims]
+    memory = PagedKV()
+    parts = memory(1, 19_990, dims, torch.bfloat16, torch.device("cpu"))  # 2.6 MB: the 2 MB-page path
+    assert [(k.shape, v.shape) for k, v in parts] == [((1, h, 20_032, kd), (1, h, 20_032, vd)) for h, kd, vd in dims]
+    assert [t.data_ptr() for t in memory.tensors] == [t.data_ptr() for kv in parts for t in kv]  # what a step takes
     base = parts[0][0].untyped_storage().data_ptr()
     assert all(t.untyped_storage().data_ptr() == base for kv in parts for t in kv)  # one allocation
     assert all(t.count_nonzero() == 0 for kv in parts for t in kv)
@@ -129,42 +132,54 @@ def test_the_plan_times_both_kernels_and_keeps_the_choice(tmp_path, monkeypatch,
         fns = real(model, ctx)
         return {k: (lambda k=k: (fns[k](), time.sleep(pause[k]))) for k in fns}
     monkeypatch.setattr(plan, "attention_calls", calls)
-    monkeypatch.setattr(plan, "MIN_S", 0.02)
-    monkeypatch.setattr(plan, "others_busy", lambda read=None: (lambda: 0.0))  # quiet, whatever runs beside
+    monkeypatch.setattr(timing, "MIN_S", 0.02)
+    monkeypatch.setattr(timing, "others_busy", lambda read=None: (lambda: 0.0))  # quiet, whatever runs beside
     model = make(dtype=torch.float32, n_head=8, n_kv_head=2)
-    kernel, job = plan.choose_attention(model, (16, 64), str(tmp_path))
-    assert kernel == picked and job["fresh"]
-    assert bool(plan.choose(job["rounds"])[1]) == (faster is None)  # a tie is not worth a new package
+    choice = plan.choose_attention(model, (16, 64), str(tmp_path))
+    assert choice.kernel == picked and choice.job["fresh"] and choice.settled
+    assert bool(plan.choose(choice.job["rounds"])[1]) == (faster is None)  # a tie keeps the safe one
     monkeypatch.setattr(plan, "attention_calls", lambda *a: pytest.fail("timed again"))
-    assert plan.choose_attention(model, (16, 64), str(tmp_path))[0] == picked
+    assert plan.choose_attention(model, (16, 64), str(tmp_path)).kernel == picked
 
 
 def test_without_a_compiler_the_plan_keeps_sdpa(tmp_path, monkeypatch):
-    monkeypatch.setattr(our_op, "load", lambda: "our decode kernel could not be built here (no g++)")
-    assert plan.choose_attention(make(dtype=torch.float32, n_head=8), (16, 64), str(tmp_path)) == ("sdpa", None)
+    monkeypatch.setattr(our_op, "load", lambda: False)  # no g++, say
+    assert plan.choose_attention(make(dtype=torch.float32, n_head=8), (16, 64), str(tmp_path)) == plan.AttentionChoice(
+        "sdpa", None)
     assert not os.listdir(tmp_path)
 
 
-def test_sample_keeps_the_package_at_hand_when_a_new_plan_picks_the_other_kernel(tmp_path, monkeypatch):
-    """fold.py built the package with one kernel; if sample.py's plan (measured again) now picks the other, it decodes
-    with the package it has rather than dropping to eager."""
+@pytest.mark.parametrize("build, provisional, kernel, built", [
+    (False, False, "nanovha", ["nanovha"]),  # sample.py after a quiet plan: the planned one built, once
+    (False, True, "sdpa", ["sdpa"]),  # sample.py on a busy machine: the package at hand
+    (True, True, "sdpa", ["sdpa"]),  # fold.py on a busy machine: only the safe one is built
+    (True, False, "nanovha", ["nanovha"]),  # fold.py on a quiet machine: the planned one
+], ids=["quiet_sample_builds_the_planned", "busy_sample_keeps_the_one_at_hand", "busy_fold_builds_the_safe",
+        "quiet_fold_builds_the_planned"])
+def test_a_busy_plan_leaves_no_package_a_quiet_one_would_not_choose(tmp_path, monkeypatch, capsys, build,
+                                                                     provisional, kernel, built):
+    """fold.py built the package with SDPA (a busy machine's choice); the attention's plan now picks ours. A quiet
+    choice builds the planned package (one line says so), a provisional one keeps the package at hand; building
+    on a busy machine, only the safe package is built."""
     import copy
     from nanovha.engine.compiled import package_path
-    from nanovha.kernels import use_decode_layout
+    from nanovha.engine.attention import use_decode_layout
     model = make(dtype=torch.float32, n_head=8, n_kv_head=2).eval()
     deployed = use_decode_layout(copy.deepcopy(model).float().eval())  # what decode_plan prepares for float32
-    open(package_path(deployed, str(tmp_path), kernel="sdpa"), "wb").close()  # built by an earlier plan
+    open(package_path(deployed, str(tmp_path), kernel="sdpa"), "wb").close()  # built by an earlier, busy plan
     job = dict(rounds={"sdpa": [2e-3] * 5, "nanovha": [1e-3] * 5}, chosen="nanovha", busy_cores=0.0,
-               provisional=False, when="2026-12-06T00:00:00", by="sample.py", how="test")
-    monkeypatch.setattr(plan, "choose_attention", lambda *a, **k: ("nanovha", job))
-    built = []
+               provisional=provisional, when="2026-12-06T00:00:00", by="sample.py", how="test")
+    monkeypatch.setattr(plan, "choose_attention", lambda *a, **k: plan.AttentionChoice("nanovha", job))
+    monkeypatch.setattr(our_op, "load", lambda: True)
+    made = []
 
     class Step:
         path = "decode-fake.pt2"
-    monkeypatch.setattr(plan, "compiled_decode", lambda m, folder, kernel="sdpa", **k: built.append(kernel) or Step())
+    monkeypatch.setattr(plan, "compiled_decode", lambda m, folder, kernel="sdpa", **k: made.append(kernel) or Step())
     monkeypatch.setattr(plan, "measure_at", lambda contexts, calls_at: (
         {n: [1.0 if n.startswith("compiled") else 2.0] * 5 for n in calls_at(16)}, 0.0))
     monkeypatch.setattr(plan, "decode_step_at", lambda *a, **k: None)
-    chosen = plan.decode_plan(model, (16, 32), str(tmp_path), dtypes=[torch.float32])
-    assert (chosen.runtime, chosen.attention) == ("compiled", "sdpa") and set(built) == {"sdpa"}
-    assert any("the package at hand" in line for line in chosen.details)
+    chosen = plan.decode_plan(model, (16, 32), str(tmp_path), dtypes=[torch.float32], build=build)
+    assert (chosen.runtime, chosen.attention) == ("compiled", kernel) and made == built
+    assert ("building that one, once" in capsys.readouterr().err) == (not build and not provisional)
+    assert any("kept while the choice of nanovha is provisional" in line for line in chosen.details) == provisional

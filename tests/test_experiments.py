@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from nanovha import experiments
+from lab import experiments
 
 
 def test_a_moved_run_is_the_same_run_but_other_settings_are_refused(tmp_path):

@@ -9,14 +9,14 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from nanovha import qwen3
+from nanovha.bridges import qwen3
 import fold
 from conftest import TINY_MODEL, optional, run
 from data.common import gpt2_encoding, gpt2_meta, load_tokenizer
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nanovha.costs import kv_bytes_per_token
 from nanovha.generate import generate
-from nanovha.qwen3 import split_projections
+from nanovha.bridges.qwen3 import split_projections
 from nanovha.health import vha_health
 from model import GPT, GPTConfig, fold_to_gqa
 from test_model import make
@@ -241,7 +241,7 @@ BAD_OUTPUTS = [  # fold.py flags that would destroy an input or write where it c
     (["--export_hf={d}/vha/notes.pt/hf"], "is a file, not a folder"),
     (["--gguf_dtype=int8"], "gguf_dtype must be one of float32, float16, bfloat16, got 'int8'"),
     (["--export_gguf={d}/vha/notes.pt/model.gguf"], "--export_gguf={d}/vha/notes.pt is a file, not a folder"),
-    (["--compile_cache={d}/vha/notes.pt"], "--compile_cache={d}/vha/notes.pt: "),  # packages and plans: a file
+    (["--compile_cache={d}/vha/notes.pt"], "--compile_cache={d}/vha/notes.pt is a file"),  # packages, plans: a file
 ]
 
 
@@ -287,7 +287,7 @@ def test_hf_export_gives_the_same_logits(name, tmp_path, monkeypatch, capsys):
     ours, _ = save_tiny(str(tmp_path), **kw)
     fold.main(["--compile_decode=False", f"--out_dir={tmp_path}", f"--export_hf={tmp_path}/hf", "--gen_tokens=10"])
     assert sorted(os.listdir(tmp_path / "hf")) == ["README.md", "config.json", "generation_config.json",
-                                                   "model.safetensors"]
+                                                   "model.safetensors", "nanovha_export.json"]  # what makes it ours
     hf = transformers.Qwen3ForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
     assert (hf.config.num_attention_heads, hf.config.head_dim) == (ours.cfg.n_attn_head, 24)
     # our vocab 37 is padded to 64 rows; the export has exactly the tokenizer's 37

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from nanovha import gguf as gguf_export
+from nanovha.bridges import gguf as gguf_export
 import fold
 from conftest import TINY_MODEL, VERSE, optional, run, verse
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from nanovha import hardware
+from nanovha.figures import gpu_spec
 from conftest import TINY_MODEL, run
 
 
@@ -22,13 +23,13 @@ def test_the_probe_leaves_the_run_as_it_was(cpu, tmp_path):
     streams are untouched, so a run with dtype=auto is bit-identical to the same run with the chosen dtype given
     explicitly."""
     from model import GPT, GPTConfig
-    from nanovha.engine.plan import train_plan
+    from nanovha.timing import train_plan, training_step
     cpu("AVX512", amx=True)  # bf16 is then a candidate (emulated on an AVX2 machine: slow, but the model is tiny)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=40, block_size=16, n_layer=1, n_embd=32, n_head=4, n_kv_head=2, attn="vha"))
     x = torch.randint(40, (2, 16))
     before, rng = {k: v.clone() for k, v in model.state_dict().items()}, torch.get_rng_state()
-    plan = train_plan(hardware.training_step(model, x, x), ["tiny"], str(tmp_path))
+    plan = train_plan(training_step(model, x, x), ["tiny"], str(tmp_path))
     line = str(plan)
     assert plan.dtype in (torch.float32, torch.bfloat16)
     assert "float32" in line and "bfloat16" in line and "/step" in line
@@ -78,7 +79,7 @@ def test_auto_on_cuda_and_mps(monkeypatch):
     ("NVIDIA GeForce GTX 1080", None, None), ("AMD Instinct MI300X", None, None),
 ])
 def test_gpu_spec_matches_whole_names_first(name, peak, hbm):
-    assert hardware.gpu_spec(name) == (peak, hbm)
+    assert gpu_spec(name) == (peak, hbm)
 
 
 def test_train_prints_its_choice_and_a_resume_keeps_it(char_data, tmp_path):
@@ -91,7 +92,7 @@ def test_train_prints_its_choice_and_a_resume_keeps_it(char_data, tmp_path):
     chosen = line.split()[1].rstrip(",")
     assert "compile False: the default on cpu" in proc.stdout  # hardware.choose_compile, as train.py prints it
     resumed = run("train.py", *args, "--max_iters=4", "--init_from=resume")
-    assert f"dtype {chosen}: the dtype this run trained in (resumed" in resumed.stdout
+    assert f"dtype {chosen} (the dtype this run trained in (resumed" in resumed.stdout
     # torch's AVX2 kernels: bf16 emulated, as on an AVX2 CPU
     forced = run("train.py", f"--data_dir={char_data}", f"--out_dir={tmp_path}/avx2", "--max_iters=0",
                  *TINY_MODEL, "--dtype=bfloat16", "--warmup_iters=0", env={"ATEN_CPU_CAPABILITY": "avx2"})

@@ -17,7 +17,7 @@ from conftest import ROOT, optional, run, tiny_text
 
 transformers = optional("transformers")
 from nanovha.preflight import vocab_problem
-from nanovha.qwen3 import model_from_hf
+from nanovha.bridges.qwen3 import model_from_hf
 from data import common
 from data.dataset import Dataset
 from test_hf_import import save_qwen3

@@ -8,7 +8,7 @@ import torch
 from conftest import optional, run
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from nanovha.generate import generate
-from nanovha.qwen3 import model_from_hf
+from nanovha.bridges.qwen3 import model_from_hf
 
 transformers = optional("transformers")
 CHARS = "abcdefghijklmnopqrstuvwxyz .,:;!?\n'ROMEJULIT"

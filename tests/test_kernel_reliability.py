@@ -16,6 +16,7 @@ import torch
 
 from conftest import ROOT
 from nanovha.engine import kernel as our_op, plan
+from nanovha.engine.attention import use_engine
 from test_model import make
 
 
@@ -69,7 +70,7 @@ def test_our_op_and_sdpa_decode_the_same_tokens(built):
     prompt = torch.randint(0, 41, (1, 6), generator=torch.Generator().manual_seed(3))
     out = {}
     for kernel in ("sdpa", "nanovha"):
-        model.set_decode_kernel(kernel)
+        use_engine(model, kernel)
         step = lambda token, pos: model.decode_one_token(token, pos)  # a tensor pos: the static path
         out[kernel] = generate(model, prompt, 40, temperature=0, decode=step)
     assert torch.equal(out["sdpa"], out["nanovha"])
@@ -201,7 +202,7 @@ def test_the_plan_falls_back_to_sdpa_when_the_op_cannot_load(tmp_path, monkeypat
     SDPA package where one is cached, else eager; it never loads the package that needs the op."""
     import copy
     from nanovha.engine.compiled import package_path
-    from nanovha.kernels import use_decode_layout
+    from nanovha.engine.attention import use_decode_layout
     model = make(dtype=torch.float32, n_head=8, n_kv_head=2).eval()
     deployed = use_decode_layout(copy.deepcopy(model).eval())  # what decode_plan prepares for float32
     open(package_path(deployed, str(tmp_path), kernel="nanovha"), "wb").close()

@@ -12,7 +12,7 @@ import torch
 
 from conftest import ROOT, TINY_MODEL, VERSE, load_script, optional, run, verse
 from data.common import gpt2_encoding, gpt2_meta, prepare_string
-from nanovha import lmeval
+from nanovha.bridges import lmeval
 from nanovha.checkpoint import load_checkpoint, model_from_checkpoint
 from test_fold import export_with_meta
 

@@ -68,8 +68,7 @@ def test_prefill_and_decode_with_a_128k_cache_on_meta(name):
     CUDA-graph path) keep the shapes."""
     cfg, _ = fineweb(name)
     net = on_meta(cfg).to(torch.bfloat16).eval()
-    net.setup_cache(1, CONTEXT_128K)
-    caches = net.kv_caches()
+    caches = net.setup_cache(1, CONTEXT_128K)
     cache_bytes = sum(t.numel() * t.element_size() for c in caches for t in (c.k, c.v))
     assert all(c.k.dtype == torch.bfloat16 and c.k.device.type == "meta" for c in caches)
     assert cache_bytes == kv_bytes_per_token(cfg, torch.bfloat16) * CONTEXT_128K

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from nanovha.kernels import split_kv_attention
+from nanovha.engine.attention import split_kv_attention
 import nanovha.mla_mfa  # noqa: F401 (registers attn="mla" and "mfa")
 from model import GPT, GPTConfig, fold_to_gqa
 from nanovha.costs import flops_per_token, kv_bytes_per_token

@@ -6,10 +6,10 @@ import torch.nn.functional as F
 
 from nanovha.costs import flops_per_token, kv_bytes_per_token
 from nanovha.generate import generate
-from nanovha.kernels import decode_attention, use_decode_layout
-from nanovha.qwen3 import fuse_projections, split_projections
+from nanovha.engine.attention import decode_attention, use_decode_layout, use_engine
+from nanovha.bridges.qwen3 import fuse_projections, split_projections
 from nanovha.health import vha_health
-from model import GPT, GPTConfig, plain_attention, rope_cos_sin
+from model import GPT, GPTConfig, one_token_attention, plain_attention, rope_cos_sin
 
 VARIANTS = {
     "mha": dict(attn="gqa", n_head=8, n_kv_head=8),
@@ -157,9 +157,11 @@ def test_attention_equals_per_head_reference_float64(name, impl):
 
 @pytest.mark.parametrize("name", ["mha", "gqa", "mqa", "vha", "vha_kv4", "premix_only", "postmix_only", "vha_silu",
                                   "vha_no_qknorm"])
-@pytest.mark.parametrize("decode_impl", ["grouped", "sdpa"])
-def test_cached_decode_equals_uncached_forward_float64(name, decode_impl):
-    model = make(decode_impl=decode_impl, **VARIANTS[name])
+@pytest.mark.parametrize("engine", [False, True], ids=["model's own", "the engine's"])
+def test_cached_decode_equals_uncached_forward_float64(name, engine):
+    model = make(**VARIANTS[name])
+    if engine:  # its attention and paged KV memory (nanovha/engine/attention.py)
+        use_engine(model)
     x = torch.randint(0, 37, (2, 30))
     with torch.no_grad():
         full = model(x)[0]
@@ -170,28 +172,32 @@ def test_cached_decode_equals_uncached_forward_float64(name, decode_impl):
     assert (torch.stack(steps, 1) - full[:, 11:29]).abs().max() < 1e-12
 
 
-@pytest.mark.parametrize("decode_impl", ["grouped", "sdpa"])
-def test_a_bf16_cache_decodes_like_the_bf16_forward(decode_impl):
+@pytest.mark.parametrize("engine", [False, True], ids=["model's own", "the engine's"])
+def test_a_bf16_cache_decodes_like_the_bf16_forward(engine):
     """Weights and cache in bf16: the cached decode and the uncached forward round differently, but stay within 3% of
     the logit scale of each other and pick the same next token almost everywhere."""
-    model = make(dtype=torch.float32, decode_impl=decode_impl, **VARIANTS["vha"]).to(torch.bfloat16)
+    model = make(dtype=torch.float32, **VARIANTS["vha"]).to(torch.bfloat16)
+    if engine:
+        use_engine(model)
     x = torch.randint(0, 37, (2, 30), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         full = model(x)[0].float()
-        model.setup_cache(batch_size=2, max_len=30)
+        caches = model.setup_cache(batch_size=2, max_len=30)
         steps = [model.prefill(x[:, :12])] + [model.decode_one_token(x[:, p:p + 1], p) for p in range(12, 29)]
     cached = torch.stack(steps, 1).float()
-    assert model.kv_caches()[0].k.dtype == torch.bfloat16
+    assert caches[0].k.dtype == torch.bfloat16
     assert (cached - full[:, 11:29]).abs().max() <= 0.03 * full.abs().max()
     assert (cached.argmax(-1) == full[:, 11:29].argmax(-1)).float().mean() >= 0.9
 
 
-def test_grouped_decode_matches_plain_attention_float64():
+@pytest.mark.parametrize("attend", [one_token_attention, decode_attention], ids=["model's own", "the engine's"])
+def test_one_token_attention_matches_plain_attention_float64(attend):
     torch.manual_seed(0)
     for H_kv in (1, 2, 4, 16):
         q = torch.randn(3, 16, 1, 32, dtype=torch.float64)
         k, v = torch.randn(2, 3, H_kv, 100, 32, dtype=torch.float64)
-        assert (decode_attention(q, k, v, k.size(2) - 1) - plain_attention(q, k, v)).abs().max() < 1e-13
+        for start in (k.size(2) - 1, torch.tensor([k.size(2) - 1])):  # eager (the past), static (masked)
+            assert (attend(q, k, v, start) - plain_attention(q, k, v)).abs().max() < 1e-13
 
 
 def test_generate_greedy_is_argmax_of_full_forward():

@@ -61,7 +61,8 @@ def plans(world, tmp_path_factory):
 
 def decode_plan_file(folder):
     """The plan file in folder that holds the decode job (the others hold the attention kernel's)."""
-    [path] = [p for p in folder.glob("plan-*.json") if any(n.startswith("decode") for n in json.loads(p.read_text())["jobs"])]
+    jobs = {p: json.loads(p.read_text())["jobs"] for p in folder.glob("plan-*.json")}
+    [path] = [p for p, names in jobs.items() if any(n.startswith("decode") for n in names)]
     return path
 
 
@@ -116,6 +117,7 @@ class Case:
     cwd: str = ROOT
     writes: tuple = ()  # what the command was asked to write, under the world
     read_only: str = ""  # a path (under {t}) mounted read-only and empty for the command
+    stdout: bool = False  # the line is on stdout (a command that goes on and says what it runs)
 
 
 GOES_ON = dict(refused=False)
@@ -204,6 +206,9 @@ CASES = {
         "sample.py", [*SAMPLE, "--compile=True", "--compile_cache={w}/repo/README.md"], "is a file, not a folder"),
     "sample, the cache a file": Case(
         "sample.py", [*SAMPLE, "--compile_cache={w}/repo/README.md"], "is a file, not a folder"),
+    # 17: the GPU check's report folder
+    "gpu_check --out naming a README": Case("lab/gpu_check.py", ["--out={w}/repo/README.md", "--dry_run"],
+                                            "exists and is not an empty folder"),
     # the weak ones: hints that fit the command, settings that would be silently ignored
     "train from a missing checkpoint": Case(
         "train.py", ["--data_dir={w}/data", "--out_dir={t}/new", "--init_from={w}/missing.pt"],
@@ -211,9 +216,10 @@ CASES = {
     "bench_decode from a missing checkpoint": Case(
         "bench_decode.py", ["--ckpt={w}/missing.pt", "--variants=mqa", "--compile=off"],
         "missing.pt not found: check the path"),
-    "attention_kernel with compile off": Case(
-        "bench_decode.py", ["--variants=mqa", "--compile=off", "--attention_kernel=nanovha"],
-        "--attention_kernel=nanovha picks the attention of an AOT-compiled step, and --compile=off"),
+    "attention_kernel=nanovha with compile off: eager runs our op": Case(
+        "bench_decode.py", ["--variants=mqa", "--compile=off", "--attention_kernel=nanovha", "--contexts=64",
+                            "--decode_steps=2", "--warmup=1", "--copy_mib=8", "--llama_cpp=False", "--n_layer=1",
+                            "--dtype=float32"], "decode attention nanovha, runtimes eager", stdout=True, **GOES_ON),
     "more threads than cores": Case("bench_decode.py", ["--threads=1000"], "threads must be <= "),
     "ablate's results root a file": Case("ablate.py", ["--out_root={w}/user/notes.txt"],
                                          "is a file, not a folder; choose another --out_root"),
@@ -241,13 +247,14 @@ def test_nothing_lost(world, plans, tmp_path, compile_cache, name):
     env = {**os.environ, **ONE_THREAD, **{k: fill(v) for k, v in case.env.items()}}
     proc = subprocess.run(command, cwd=fill(case.cwd), capture_output=True, text=True, timeout=300, env=env)
     err = proc.stderr.strip()
+    said = proc.stdout if case.stdout else err
     print(f"\n{err}")
     if case.refused:
         assert proc.returncode != 0 and len(err.splitlines()) == 1 and err.startswith("error: "), err
     else:
         assert proc.returncode == 0 and "Traceback" not in err, proc.stdout + err
-        assert len([line for line in err.splitlines() if case.line in line]) == 1, err
-    assert case.line in err, err
+        assert len([line for line in said.splitlines() if case.line in line]) == 1, said
+    assert case.line in said, said
     after = hashes(world)
     for path in case.writes:
         assert after.pop(str(world / path), None) is not None, f"{path} was not written"
@@ -257,7 +264,7 @@ def test_nothing_lost(world, plans, tmp_path, compile_cache, name):
     assert after == before
     assert not hang_processes(t) and not list(t.glob("cache/kernels/.build-*"))
     for path in filter(os.path.isfile, t.glob("plans/plan-*.json")):  # measured again and rewritten whole
-        from nanovha.engine.plan import job_problem
+        from nanovha.timing import job_problem
         assert not [job_problem(job) for job in json.loads(path.read_text())["jobs"].values() if job_problem(job)]
 
 

@@ -64,7 +64,7 @@ REFUSED = {  # case: (command, its arguments ({w}: the world), the line's needle
         "fold.py", ["--out_dir={w}/a", "--export_hf={w}/new_hf", "--export_gguf={w}/new_hf/model.safetensors", *FOLD],
         "are the same path, or one holds the other"),
     "fold --export_hf into a folder that is no export of ours": (
-        "fold.py", ["--out_dir={w}/a", "--export_hf={w}/hf", *FOLD], "is not a Hugging Face export folder nanoVHA wrote"),
+        "fold.py", ["--out_dir={w}/a", "--export_hf={w}/hf", *FOLD], "is not a Hugging Face export folder"),
     "fold --export_hf onto another run": (
         "fold.py", ["--out_dir={w}/a", "--export_hf={w}/b", "--overwrite=True", *FOLD], "another run's folder"),
     "convert over the default calibration file": (

@@ -1,4 +1,5 @@
-"""nanovha/engine/plan.py: the measured plan every command reads. The choice is tested with a fake clock (a clear
+"""nanovha/engine/plan.py and nanovha/timing.py: the measured plan every command reads. The choice is tested with
+a fake clock (a clear
 winner, a noisy tie, an emulated bf16, a busy machine), the plan file with a real tiny model (kept, reused, measured
 again), the line a command prints (its true reason) with faked timings."""
 import json
@@ -9,17 +10,17 @@ import time
 import pytest
 import torch
 
-from nanovha import hardware
+from nanovha import timing
 from nanovha.engine import plan
 
-REAL_OTHERS_BUSY = hardware.others_busy  # the tests below see a quiet machine (the fixture); this one is tested itself
+REAL_OTHERS_BUSY = timing.others_busy  # the tests below see a quiet machine (the fixture); this one is tested itself
 
 
 @pytest.fixture(autouse=True)
 def quiet(monkeypatch):
     """A quiet machine, whatever else runs beside the tests: other processes' cores read as busy_cores[0]."""
     busy_cores = [0.0]
-    monkeypatch.setattr(plan, "others_busy", lambda read=None: (lambda: busy_cores[0]))
+    monkeypatch.setattr(timing, "others_busy", lambda read=None: (lambda: busy_cores[0]))
     return busy_cores
 
 
@@ -41,8 +42,8 @@ class FakeClock:
 
 def chosen_with(costs, names):
     clock = FakeClock(costs)
-    times, _ = hardware.measure({n: clock.fn(n) for n in names}, plan.ROUNDS, plan.MIN_S, clock=clock)
-    chosen, tied = plan.choose(times)
+    times, _ = timing.measure({n: clock.fn(n) for n in names}, timing.ROUNDS, timing.MIN_S, clock=clock)
+    chosen, tied = timing.choose(times)
     return (chosen, not tied), clock
 
 
@@ -59,7 +60,7 @@ def test_a_clear_winner_is_taken_and_a_tie_keeps_the_safer(costs, picked, clear)
     (chosen, was_clear), clock = chosen_with(lambda name, k: costs[name], NAMES)
     assert chosen == picked and was_clear == clear
     per_round = {n: clock.calls[n] - 1 for n in NAMES}  # minus the warm-up
-    assert all(per_round[n] * costs[n] >= plan.ROUNDS * plan.MIN_S for n in NAMES)  # each at least MIN_S a round
+    assert all(per_round[n] * costs[n] >= timing.ROUNDS * timing.MIN_S for n in NAMES)  # each at least MIN_S a round
 
 
 def test_noise_that_flips_the_order_is_a_tie():
@@ -106,25 +107,25 @@ def fake_step(costs, clock, calls):
 
 
 @pytest.mark.parametrize("costs, picked, bf16_calls", [
-    ({"float32": 0.34, "bfloat16": 0.51}, "float32", 1 + plan.ROUNDS),  # Intel AMX at width 128
-    ({"float32": 0.24, "bfloat16": 0.19}, "bfloat16", 1 + plan.ROUNDS),  # Zen 5
+    ({"float32": 0.34, "bfloat16": 0.51}, "float32", 1 + timing.ROUNDS),  # Intel AMX at width 128
+    ({"float32": 0.24, "bfloat16": 0.19}, "bfloat16", 1 + timing.ROUNDS),  # Zen 5
     ({"float32": 0.30, "bfloat16": 3.50}, "float32", 1),  # emulated bf16: out after one step
 ])
 def test_train_plan_times_the_step_keeps_it_and_replans(costs, picked, bf16_calls, tmp_path):
     clock, calls = FakeClock(None), []
     step = fake_step(costs, clock, calls)
-    chosen = plan.train_plan(step, ["tiny", 1], str(tmp_path), clock=clock)
+    chosen = timing.train_plan(step, ["tiny", 1], str(tmp_path), clock=clock)
     other = "bfloat16" if picked == "float32" else "float32"
     assert chosen.dtype == getattr(torch, picked) and calls.count("bfloat16") == bf16_calls
     assert str(chosen) == (f"plan: {picked}, {costs[picked]:.3f} s/step (fastest of 2, next {other} "
                            f"{costs[other]:.3f} s/step; measured now)")
     assert len(str(chosen)) < 100 and any(picked in line and "<- chosen" in line for line in chosen.details)
     calls.clear()
-    again = plan.train_plan(step, ["tiny", 1], str(tmp_path), clock=clock)
+    again = timing.train_plan(step, ["tiny", 1], str(tmp_path), clock=clock)
     assert again.dtype == chosen.dtype and calls == [] and "cached 20" in str(again) and "by train.py" in str(again)
-    plan.train_plan(step, ["tiny", 1], str(tmp_path), replan=True, clock=clock)
+    timing.train_plan(step, ["tiny", 1], str(tmp_path), replan=True, clock=clock)
     assert calls  # --replan measures again
-    plan.train_plan(step, ["other shape", 1], str(tmp_path), clock=clock)
+    timing.train_plan(step, ["other shape", 1], str(tmp_path), clock=clock)
     assert len(os.listdir(tmp_path)) == 2  # one plan per shape
 
 
@@ -132,22 +133,22 @@ def test_a_plan_made_on_a_busy_machine_is_provisional_and_measured_again(tmp_pat
     clock, calls = FakeClock(None), []
     step = fake_step({"float32": 0.3, "bfloat16": 0.2}, clock, calls)
     quiet[0] = 1.0  # another process kept a core busy while the plan was timed
-    chosen = plan.train_plan(step, ["m"], str(tmp_path), clock=clock)
+    chosen = timing.train_plan(step, ["m"], str(tmp_path), clock=clock)
     assert chosen.dtype == torch.bfloat16 and "busy machine (1.0 cores): provisional" in str(chosen)
     assert "other processes 1.00 cores" in chosen.details[0] and "PROVISIONAL" in chosen.details[0]
     [path] = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
     with open(path) as f:
         assert json.load(f)["jobs"]["train"]["provisional"]
     quiet[0], calls[:] = 0.0, []
-    chosen = plan.train_plan(step, ["m"], str(tmp_path), clock=clock)
+    chosen = timing.train_plan(step, ["m"], str(tmp_path), clock=clock)
     assert chosen.dtype == torch.bfloat16 and calls and "provisional" not in str(chosen)  # measured again, quiet
     calls.clear()
-    assert plan.train_plan(step, ["m"], str(tmp_path), clock=clock).dtype == torch.bfloat16 and not calls  # kept
+    assert timing.train_plan(step, ["m"], str(tmp_path), clock=clock).dtype == torch.bfloat16 and not calls  # kept
     for broken in ("{not json", '{"jobs": {"train": {"chosen": "bfloat16"}}}', '{"jobs": []}', "[1, 2]"):
         with open(path, "w") as f:
             f.write(broken)  # a plan file cut short or edited by hand: measured again, never a traceback
         calls.clear()
-        assert plan.train_plan(step, ["m"], str(tmp_path), clock=clock).dtype == torch.bfloat16 and calls
+        assert timing.train_plan(step, ["m"], str(tmp_path), clock=clock).dtype == torch.bfloat16 and calls
 
 
 def tiny_gqa():
@@ -160,7 +161,7 @@ def test_one_candidate_left_by_the_flags_is_not_timed_and_says_so(tmp_path, monk
     """--compile=False --dtype=float32: one candidate, nothing to time; the line gives that as the reason, and the model
     it hands over is a copy of the input in float32 (the same logits), the caller's model untouched."""
     monkeypatch.setattr(plan, "measure_at", lambda *a: pytest.fail("timed"))
-    monkeypatch.setattr(plan, "choose_attention", lambda *a: ("sdpa", None))  # the attention's own plan: below
+    monkeypatch.setattr(plan, "choose_attention", lambda *a: plan.AttentionChoice("sdpa", None))  # its own: below
     model = tiny_gqa()
     chosen = plan.decode_plan(model, (16, 32), str(tmp_path), dtypes=[torch.float32], runtimes=("eager",))
     assert (chosen.runtime, chosen.dtype, chosen.step, chosen.attention) == ("eager", torch.float32, None, "sdpa")
@@ -168,7 +169,7 @@ def test_one_candidate_left_by_the_flags_is_not_timed_and_says_so(tmp_path, monk
                            "not timed)")
     x = torch.randint(40, (1, 8))
     assert torch.equal(chosen.model(x)[0], model(x)[0]) and chosen.model is not model
-    assert model.kv_caches() == [None]  # the plan works on copies, never the caller's model
+    assert model.blocks[0].attn.kv_cache is None  # the plan works on copies, never the caller's model
 
 
 def fake_decode_timings(monkeypatch, medians):
@@ -176,9 +177,9 @@ def fake_decode_timings(monkeypatch, medians):
     class Step:
         path = "decode-fake.pt2"
     monkeypatch.setattr(plan, "compiled_decode", lambda *a, **k: Step())
-    monkeypatch.setattr(plan, "choose_attention", lambda *a, **k: ("sdpa", None))
+    monkeypatch.setattr(plan, "choose_attention", lambda *a, **k: plan.AttentionChoice("sdpa", None))
     monkeypatch.setattr(plan, "measure_at", lambda contexts, calls_at: (
-        {name: [medians[name] / 1e3] * plan.ROUNDS for name in calls_at(contexts[0])}, 0.0))
+        {name: [medians[name] / 1e3] * timing.ROUNDS for name in calls_at(contexts[0])}, 0.0))
     monkeypatch.setattr(plan, "decode_step_at", lambda *a, **k: None)
 
 
@@ -213,7 +214,7 @@ def test_a_tie_keeps_the_safer_and_says_so(tmp_path, monkeypatch):
 
 def test_a_real_decode_plan_times_the_model_itself(tmp_path, monkeypatch):
     """No fakes: eager float32 against eager bf16 on a tiny model, timed at both contexts, written, read back."""
-    monkeypatch.setattr(plan, "MIN_S", 0.002)
+    monkeypatch.setattr(timing, "MIN_S", 0.002)
     model = tiny_gqa()
     first = plan.decode_plan(model, (16, 32), str(tmp_path), dtypes=[torch.float32, torch.bfloat16],
                              runtimes=("eager",))
@@ -223,7 +224,7 @@ def test_a_real_decode_plan_times_the_model_itself(tmp_path, monkeypatch):
     second = plan.decode_plan(model, (16, 32), str(tmp_path), dtypes=[torch.float32, torch.bfloat16],
                               runtimes=("eager",))
     assert second.dtype == first.dtype and "by sample.py" in str(second)
-    assert model.kv_caches() == [None]
+    assert model.blocks[0].attn.kv_cache is None
 
 
 @pytest.mark.parametrize("busy, picked", [(0.0, "bfloat16"), (1.0, "float32")])
@@ -232,7 +233,7 @@ def test_a_busy_machine_needs_a_large_gap_to_leave_the_safe_choice(tmp_path, qui
     25% margin keeps float32, and the line says it was not told apart."""
     clock, calls = FakeClock(None), []
     quiet[0] = busy
-    chosen = plan.train_plan(fake_step({"float32": 0.30, "bfloat16": 0.26}, clock, calls), ["m"], str(tmp_path),
+    chosen = timing.train_plan(fake_step({"float32": 0.30, "bfloat16": 0.26}, clock, calls), ["m"], str(tmp_path),
                              clock=clock)
     assert chosen.dtype == getattr(torch, picked)
     assert ("within 25% of bfloat16 (0.260 s/step): the safer kept" in str(chosen)) == (busy > 0)
@@ -248,5 +249,5 @@ def test_the_reason_for_keeping_the_safer_names_the_test_it_failed(fp32, bf16, s
     so rather than calling a 3x gap "within 25%"."""
     times = {"compiled float32": [t * 1e-3 for t in fp32], "compiled bfloat16": [t * 1e-3 for t in bf16]}
     job = dict(rounds=times, busy_cores=0.8, provisional=True, fresh=True)
-    assert plan.choose(times, plan.BUSY_MARGIN)[0] == "compiled float32"
-    assert plan.reason(job, times, "compiled float32", "token").startswith(says)
+    assert timing.choose(times, timing.BUSY_MARGIN)[0] == "compiled float32"
+    assert timing.reason(job, times, "compiled float32", "token").startswith(says)

@@ -1,4 +1,4 @@
-"""scripts/recall_probe.py: the circuit scores read the right positions, recording the attention changes nothing, and
+"""lab/recall_probe.py: the circuit scores read the right positions, recording the attention changes nothing, and
 a probed prefix run is the full run's first steps."""
 import json
 
@@ -13,7 +13,7 @@ from model import GPT, GPTConfig
 
 @pytest.fixture(scope="module")
 def probe():
-    return load_script("scripts/recall_probe.py")  # defines only: the probe runs under __main__
+    return load_script("lab/recall_probe.py")  # defines only: the probe runs under __main__
 
 
 def uniform_causal(B, H, T):
@@ -70,7 +70,7 @@ def test_a_probed_prefix_is_the_full_runs_first_steps(probe, tmp_path):
             "--warmup_iters=2", "--eval_interval=2"]
     run("train.py", *args, f"--out_dir={full}")
     json.dump(args + [f"--out_dir={full}"], open(full / "args.json", "w"))
-    out = run("scripts/recall_probe.py", f"--run={full}", "--steps=2,6", f"--out_dir={tmp_path / 'probe'}").stdout
+    out = run("lab/recall_probe.py", f"--run={full}", "--steps=2,6", f"--out_dir={tmp_path / 'probe'}").stdout
     assert out.count("\n| 2 |") == 1 and out.count("\n| 6 |") == 1
     evals = {r["iter"]: r for r in map(json.loads, open(full / "log.jsonl")) if "val_loss" in r}
     prefix = [r for r in map(json.loads, open(tmp_path / "probe" / "step6" / "log.jsonl")) if "val_loss" in r]
@@ -87,5 +87,5 @@ def test_a_probed_prefix_is_the_full_runs_first_steps(probe, tmp_path):
 ])
 def test_bad_probe_input_is_one_line(tmp_path, args, message):
     (tmp_path / "args.json").write_text("[]")
-    proc = run("scripts/recall_probe.py", f"--run={tmp_path}", *args, check=False)
+    proc = run("lab/recall_probe.py", f"--run={tmp_path}", *args, check=False)
     assert proc.returncode != 0 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

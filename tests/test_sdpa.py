@@ -7,15 +7,14 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from model import GPT, GPTConfig, kv_expand_needed, plain_attention, sdpa
-from nanovha.hardware import sdpa_backends
+from nanovha.figures import sdpa_backends
 
 SHAPES = {"gqa": dict(attn="gqa"), "vha": dict(attn="vha", vha_postmix_rank=2)}
 
 
-def tiny(decode_impl="grouped", **kw):
+def tiny(**kw):
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_embd=64, n_head=8, n_kv_head=2, head_dim=16,
-                         decode_impl=decode_impl, **kw))
+    return GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_embd=64, n_head=8, n_kv_head=2, head_dim=16, **kw))
 
 
 @pytest.mark.filterwarnings("ignore:Flash attention")  # the reasons it prints when it refuses
@@ -43,7 +42,7 @@ def test_training_step_prefill_and_decode_take_flash(name, dtype):
         out["loss"].backward()
 
     def serve():
-        deployed = tiny(decode_impl="sdpa", **SHAPES[name]).to(dtype).eval()
+        deployed = tiny(**SHAPES[name]).to(dtype).eval()  # model.py's own one-token attention: SDPA
         deployed.setup_cache(2, 32)
         out["logits"] = [deployed.prefill(x[:, :16])] + [deployed.decode_one_token(x[:, t:t + 1], t) for t in (16, 17)]
 

@@ -33,10 +33,10 @@ CASES = [  # (command, flags (OUT: a fresh folder under tmp_path; FILE: a config
     ("ablate.py", ["--jobs=0"], "jobs must be >= 1, got 0"),
     ("uptrain.py", [f"--teacher_seed={2**63}"], "teacher_seed must be in 0..2^63-1"),
     ("sweep.py", ["--ROOT=/tmp"], "unknown config key 'ROOT'"),
-    ("scripts/cpu_report.py", [f"--gen_tokens={BIG}"], f"gen_tokens must be <= {2**20}"),
+    ("lab/cpu_report.py", [f"--gen_tokens={BIG}"], f"gen_tokens must be <= {2**20}"),
 ]
 OUT_FLAG = {"sweep.py": "--sweep_root", "ablate.py": "--out_root", "uptrain.py": "--out_root",
-            "bench.py": None, "bench_decode.py": "--plot", "scripts/cpu_report.py": "--work_dir"}
+            "bench.py": None, "bench_decode.py": "--plot", "lab/cpu_report.py": "--work_dir"}
 
 
 @pytest.mark.parametrize("command, flags, expected", CASES, ids=[f"{c} {' '.join(f)}" for c, f, _ in CASES])

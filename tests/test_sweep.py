@@ -11,8 +11,8 @@ import pytest
 
 import sweep
 from conftest import run
-from nanovha import experiments
-from nanovha.experiments import read_json
+from lab import experiments
+from lab.experiments import read_json
 
 ENV = {"OMP_NUM_THREADS": "1"}  # tiny models: a second thread only fights over a shared CPU
 

@@ -10,8 +10,8 @@ import pytest
 
 import uptrain
 from conftest import run
-from nanovha import experiments
-from nanovha.experiments import read_json
+from lab import experiments
+from lab.experiments import read_json
 
 
 @pytest.fixture(scope="module")

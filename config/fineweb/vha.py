@@ -9,7 +9,7 @@
 #   hours = tokens x training FLOPs/token / (MFU x peak). 119.0M parameters (GPT-2 vocab 50257) and
 #   0.794 GFLOPs/token at T=1024 (model.py's accounting), so on one H100 (989 TFLOP/s dense bf16) at an
 #   assumed 40% MFU: 2.52e9 x 0.794e9 / (0.4 x 989e12) = 5,049 s, about 1.4 h.
-#   The 40% is the project's target, not a measurement: scripts/gpu_check.py measures the real MFU.
+#   The 40% is the project's target, not a measurement: lab/gpu_check.py measures the real MFU.
 # python data/fineweb_edu/prepare.py --num_tokens 2600000000   (once; about 5.2 GB of uint16)
 # python train.py config/fineweb/vha.py                        (config/fineweb/smoke.py after it: ~5 min check)
 out_dir = "out-fineweb-vha"

@@ -6,10 +6,12 @@ model and machine, kept as a package, loaded in a fraction of a second by later 
     model.setup_cache(1, max_len)           # any length: one package serves every context
     logits = step(token, pos)               # == model.decode_one_token(token, pos), pos a (1,) tensor
 
-What is compiled: model.py's static-shape decode path, model(token, start_pos=pos), with the KV
-caches as inputs of any length (written in place) and the weights baked in. Inductor fuses each
-norm, RoPE and softmax into one C++ loop and, with max_autotune, generates the matrix-vector
-products for these exact shapes and thread count; its C++ wrapper runs them with no Python between.
+What is compiled: model.py's static-shape decode path, model(token, start_pos=pos), with the
+engine in place (attention.use_engine), the KV caches as inputs of any length (written in place:
+the engine's PagedKV keeps them) and the weights baked in. Inductor fuses each norm, RoPE and
+softmax into one C++ loop and, with max_autotune, generates the matrix-vector products for these
+exact shapes and thread count; its C++ wrapper runs them with no Python between. Of the model it
+calls two methods, set_decode (through use_engine) and setup_cache, and decode_one_token's path.
 """
 import hashlib
 import inspect
@@ -21,29 +23,26 @@ import warnings
 
 import torch
 
-from model import CACHE_BLOCK, KVCache
-from nanovha import kernels
+from nanovha.engine import attention
 from nanovha.engine import kernel as our_op
+from nanovha.engine.attention import CACHE_BLOCK, use_engine
 from nanovha.hardware import cpu_kind
 from nanovha.outputs import written_whole
 
 
 class DecodeStep(torch.nn.Module):
-    """model(token, start_pos=pos) with every layer's cache (k, v) taken from the inputs."""
+    """model(token, start_pos=pos) with every layer's cache (k, v) taken from the inputs: the
+    buffers that are the tensors of the model's PagedKV, in its order."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
-        self.names = [f"{n}.{kv}" for n, m in model.named_modules() if isinstance(m, KVCache) for kv in "kv"]
+        where = {id(t): name for name, t in model.named_buffers()}
+        self.names = [where[id(t)] for t in model.kv_memory.tensors]
 
     def forward(self, token, pos, caches):
         buffers = dict(zip(self.names, caches))
         return torch.func.functional_call(self.model, buffers, token, {"start_pos": pos}, strict=False)[0][:, -1]
-
-
-def caches_of(model):
-    """[k0, v0, k1, v1, ...]: the tensors setup_cache allocated, in DecodeStep's order."""
-    return [t for cache in model.kv_caches() for t in (cache.k, cache.v)]
 
 
 def source_digest(obj):
@@ -59,7 +58,7 @@ def package_path(model, folder, batch_size=1, autotune=True, kernel="sdpa"):
     for name, t in sorted(model.state_dict().items()):
         h.update(f"{name} {t.dtype} {tuple(t.shape)} {t.stride()}".encode())
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    code = [type(model), type(model.blocks[0].attn), DecodeStep, kernels.static_attention]
+    code = [type(model), type(model.blocks[0].attn), DecodeStep, attention.static_attention]
     env = [repr(model.cfg), batch_size, autotune, torch.__version__, cpu_kind(), torch.get_num_threads(),
            *map(source_digest, code), kernel, our_op.source_digest() if kernel == "nanovha" else None]
     h.update(json.dumps(env, default=str).encode())
@@ -69,8 +68,8 @@ def package_path(model, folder, batch_size=1, autotune=True, kernel="sdpa"):
 def build(model, path, batch_size=1, autotune=True, kernel="sdpa"):
     """Exports the decode step, its one-token attention by `kernel`, and compiles it into the
     package at path (written whole, then renamed)."""
-    model.set_decode_kernel(kernel).setup_cache(batch_size, 2 * CACHE_BLOCK)  # the slots to fill
-    example = [c.clone() for c in caches_of(model)]  # inputs distinct from the model's own buffers
+    use_engine(model, kernel).setup_cache(batch_size, 2 * CACHE_BLOCK)  # the slots to fill
+    example = [t.clone() for t in model.kv_memory.tensors]  # inputs distinct from the model's own buffers
     blocks = torch.export.Dim("cache_blocks", min=1, max=(1 << 24) // CACHE_BLOCK)  # a cache length
     with torch.no_grad(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning)  # torch's own pytree notes
@@ -97,7 +96,7 @@ class CompiledDecode:
         self.runner = torch._inductor.aoti_load_package(path)
 
     def __call__(self, token, pos):
-        return self.runner(token, pos, caches_of(self.model))
+        return self.runner(token, pos, self.model.kv_memory.tensors)
 
 
 def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True, kernel="sdpa"):
@@ -111,7 +110,7 @@ def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True, k
     path, t0, step = package_path(model, folder, batch_size, autotune, kernel), time.perf_counter(), None
     if os.path.exists(path):
         try:
-            step = CompiledDecode(model.set_decode_kernel(kernel), path, False, kernel)
+            step = CompiledDecode(use_engine(model, kernel), path, False, kernel)
             problem = package_problem(model, step, batch_size)
         except Exception as e:  # truncated, empty, not a package, other inputs: torch raises many kinds
             problem = f"cannot be used ({type(e).__name__})"

@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import torch
 
 from data.common import cache_dir
 from nanovha.hardware import cpu_features, cpu_kind
+from nanovha.processes import run_limited
 
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,40 +45,6 @@ def source_digest():
         with open(os.path.join(CSRC, name), "rb") as f:
             h.update(name.encode() + f.read())
     return h.hexdigest()[:16]
-
-
-def run_limited(command, seconds):
-    """Runs command -> (its exit status, stdout + stderr); after `seconds` it is killed with every
-    process it started (ninja puts each compiler in a process group of its own, so a group kill
-    would miss them) and subprocess.TimeoutExpired raised."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        out = proc.communicate(timeout=seconds)[0]
-        return proc.returncode, out or ""
-    except subprocess.TimeoutExpired:
-        for pid in [proc.pid, *descendants(proc.pid)]:  # all found before any is killed and re-parented
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        proc.communicate()
-        raise
-
-
-def descendants(pid):
-    """The pids of every process below pid (Linux: the parent is field 4 of /proc/<pid>/stat)."""
-    parent = {}
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            with open(stat) as f:
-                parent[int(stat.split("/")[2])] = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    found, frontier = [], [pid]
-    while frontier:
-        children = [p for p, pp in parent.items() if pp in frontier]
-        found, frontier = found + children, children
-    return found
 
 
 def compiler():
@@ -204,9 +170,9 @@ def build(folder, cxx, replace=False):
 def build_library(folder):
     """compile_library(folder) in a child process under BUILD_SECONDS; RuntimeError with the
     compiler's first error line, or the limit, where it fails."""
-    code = f"import sys; sys.path.insert(0, {ROOT!r}); import nanovha.engine.kernel as k; k.compile_library(sys.argv[1])"
+    code = "import sys, nanovha.engine.kernel as k; k.compile_library(sys.argv[1])"
     try:
-        status, out = run_limited([sys.executable, "-c", code, folder], BUILD_SECONDS)
+        status, out = run_limited([sys.executable, "-c", code, folder], BUILD_SECONDS, cwd=ROOT)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"the build was stopped at its limit of {BUILD_SECONDS:.0f} s; "
                            f"NANOVHA_KERNEL_BUILD_SECONDS sets another") from None

@@ -6,8 +6,8 @@ process (inductor's settings are global); each prints its build time and median 
 bench_decode.py and sample.py use was chosen from this table (docs/benchmarks.md, compiled
 decode).
 
-    python scripts/decode_levers.py                                    # the benchmark's 6 x 512 model, 1K context
-    python scripts/decode_levers.py --shape=demo --context=256 --threads=1   # the demo's 4 x 128 model
+    python lab/decode_levers.py                                    # the benchmark's 6 x 512 model, 1K context
+    python lab/decode_levers.py --shape=demo --context=256 --threads=1   # the demo's 4 x 128 model
 """
 import json
 import os
@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 from model import GPT, GPTConfig  # noqa: E402
 from nanovha.config import at_least, flat_defaults, settings  # noqa: E402
-from nanovha.kernels import use_decode_layout  # noqa: E402
+from nanovha.engine.attention import use_decode_layout  # noqa: E402
 from nanovha.engine.plan import random_context  # noqa: E402
 
 # bench: 6 layers x 512, 16 heads of dim 32, 2 KV heads, vocab 128; demo: 4 x 128, 8 of 16, vocab 65
@@ -50,7 +50,7 @@ def run_lever():
     if lever != "eager out_in":
         use_decode_layout(model)
     if lever == "llama.cpp":
-        from nanovha.llamacpp import LlamaCpp
+        from nanovha.bridges.llamacpp import LlamaCpp
         runner = LlamaCpp(model, None, threads).load(context + steps + 8)
         runner.fill(context, 2048)
         step, build_s = runner.step, 0.0

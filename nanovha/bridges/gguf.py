@@ -14,7 +14,7 @@ import numpy as np
 
 from data.common import gpt2_encoding
 from nanovha.outputs import GGUF_KEY, MARK, written_whole
-from nanovha.qwen3 import qwen3_problem, qwen3_state, renamed, tokenizer_kind
+from nanovha.bridges.qwen3 import qwen3_problem, qwen3_state, renamed, tokenizer_kind
 
 # our names -> llama.cpp's qwen3 tensors
 GGUF_TOP = {"embed.weight": "token_embd.weight", "norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}

@@ -6,7 +6,7 @@ step does next) run `calls` times each; each prints its ms per call and the core
 busy (CPU seconds of all its threads / wall seconds). Our OpenMP calls bind to torch's runtime, so
 busy cores never exceed the thread count: no second pool spins beside torch's.
 
-    python scripts/op_threads.py                    # docs/benchmarks.md has a run
+    python lab/op_threads.py                    # docs/benchmarks.md has a run
 """
 import os
 import sys
@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from nanovha.config import at_least, flat_defaults, settings  # noqa: E402
 from nanovha.engine import kernel as our_op  # noqa: E402
 from nanovha.hardware import cpu_kind  # noqa: E402
-from nanovha.kernels import split_kv_attention  # noqa: E402
+from nanovha.engine.attention import split_kv_attention  # noqa: E402
 
 context = 16384
 layers = 6

@@ -4,7 +4,7 @@ seed, how they change between points, success rates; each a list of Markdown lin
 """
 import numpy as np
 
-from nanovha.experiments import clopper_pearson, fmt_paired, mcnemar, mde, paired, primary_lines
+from lab.experiments import clopper_pearson, fmt_paired, mcnemar, mde, paired, primary_lines
 
 
 def paired_line(A, B, key, scale, digits, tested=True):

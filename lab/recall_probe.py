@@ -13,8 +13,8 @@ difficulty:
 The key-value circuit is prev then match: layer 0 copies k_i into v_i's position, layer 1 finds
 it from q.
 
-    python scripts/recall_probe.py --run=out-confirm/runs/n_keys=64,n_values=64/gqa2/seed1027 --steps=25,50,100
-    python scripts/recall_probe.py --run=... --extra="--data_stream=1"     # the same init, other batches
+    python lab/recall_probe.py --run=out-confirm/runs/n_keys=64,n_values=64/gqa2/seed1027 --steps=25,50,100
+    python lab/recall_probe.py --run=... --extra="--data_stream=1"     # the same init, other batches
 """
 import json
 import os

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from nanovha.gguf import write_gguf
-from nanovha.qwen3 import first_mismatch, reference
+from nanovha.bridges.gguf import write_gguf
+from nanovha.bridges.qwen3 import first_mismatch, reference
 
 
 def version():

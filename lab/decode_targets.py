@@ -3,7 +3,7 @@ bench_decode.py's verdicts: the folded VHA model's decode targets and our decode
 llama.cpp's, printed PASS/FAIL beside the figures they rest on, returned as numbers for the JSON
 line.
 """
-from nanovha.hardware import verdict
+from nanovha.figures import verdict
 
 
 def check_targets(models, at, breakdown, top, op_floor_ms, dtype_name, runtimes, same_deploy):

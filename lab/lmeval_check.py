@@ -2,11 +2,11 @@
 lm-eval on a Hugging Face export against our own checkpoint: the harness runs a multiple-choice
 task on the folder (fold.py --export_hf wrote it; the folded model), our checkpoint as trained
 (the unfolded VHA model, float64) scores the same requests tokenized as lm-eval does
-(nanovha/lmeval.py), and one report says both accuracies and how far apart every log-likelihood
+(nanovha/bridges/lmeval.py), and one report says both accuracies and how far apart every log-likelihood
 is. It needs lm-eval (pip install -r requirements-lmeval.txt); nothing is downloaded.
 
-    python scripts/lmeval_check.py --out_dir=out-vha-small --hf_dir=hf-vha-small      # the demo, shakespeare_mc
-    python scripts/lmeval_check.py --out_dir=OUT --hf_dir=HF --task=TASK --include_path=FOLDER
+    python lab/lmeval_check.py --out_dir=out-vha-small --hf_dir=hf-vha-small      # the demo, shakespeare_mc
+    python lab/lmeval_check.py --out_dir=OUT --hf_dir=HF --task=TASK --include_path=FOLDER
 """
 import os
 import sys
@@ -15,7 +15,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from nanovha import lmeval  # noqa: E402
+from nanovha.bridges import lmeval  # noqa: E402
 from nanovha.config import flat_defaults, settings  # noqa: E402
 from nanovha.loading import load_model  # noqa: E402
 

@@ -1,10 +1,13 @@
 """
-The fast decode paths model.py calls, each the same math as its plain_attention along another road
-(tests/test_model.py and tests/test_mla_mfa.py check them in float64): the one-token attention,
-each KV head read once for its group (SDPA split along the cache, or our C++ op, as the plan
-chose), the KV memory in 2 MB pages, the decode weight layout. Torch only; part of the engine
-(docs/architecture.md).
+What the engine puts in place on the model it runs (GPT.set_decode, through use_engine): the
+one-token attention, each KV head read once for its group (SDPA split along the cache, or our C++
+op, as the plan chose), and the KV memory, every layer's cache in one allocation of 2 MB pages;
+and the decode weight layout. Each is the same math as model.py's own path along another road
+(tests/test_model.py and tests/test_mla_mfa.py check them in float64).
+
+    use_engine(model, "nanovha")   # model.decode_one_token now runs our op over paged memory
 """
+import functools
 import math
 import mmap
 
@@ -29,13 +32,23 @@ def cache_zeros(numel, dtype, device):
     return torch.frombuffer(memory, dtype=torch.uint8).view(dtype)  # the tensor keeps the mapping alive
 
 
-def kv_memory(batch_size, max_len, dims, dtype, device):
-    """[(k, v)] per layer, zeroed, consecutive views of one cache_zeros allocation: dims holds each
-    layer's (heads, k_dim, v_dim); k (B, heads, max_len, k_dim), v (B, heads, max_len, v_dim)."""
-    shapes = [(batch_size, heads, max_len, width) for heads, k_dim, v_dim in dims for width in (k_dim, v_dim)]
-    sizes = [math.prod(shape) for shape in shapes]
-    parts = [part.view(shape) for part, shape in zip(cache_zeros(sum(sizes), dtype, device).split(sizes), shapes)]
-    return list(zip(parts[0::2], parts[1::2]))
+class PagedKV:
+    """A model's KV memory (GPT.set_decode): every layer's cache as consecutive views of one
+    cache_zeros allocation, max_len rounded up to whole blocks of CACHE_BLOCK positions (the
+    compiled step's cache length is a multiple of it). tensors: the latest [k0, v0, k1, v1, ...],
+    what a compiled step takes as its inputs."""
+
+    def __init__(self):
+        self.tensors = []
+
+    def __call__(self, batch_size, max_len, dims, dtype, device):
+        """dims: each layer's (heads, k_dim, v_dim) -> [(k (B, heads, T, k_dim), v (B, heads, T, v_dim))]."""
+        max_len = -(-max_len // CACHE_BLOCK) * CACHE_BLOCK
+        shapes = [(batch_size, heads, max_len, width) for heads, k_dim, v_dim in dims for width in (k_dim, v_dim)]
+        sizes = [math.prod(shape) for shape in shapes]
+        memory = cache_zeros(sum(sizes), dtype, device)
+        self.tensors = [part.view(shape) for part, shape in zip(memory.split(sizes), shapes)]
+        return list(zip(self.tensors[0::2], self.tensors[1::2]))
 
 
 @torch.compiler.assume_constant_result
@@ -92,15 +105,22 @@ def static_attention(q, k, v, start_pos, kernel="sdpa", scale=None):
     return split_kv_attention(q, k, v, visible, scale)
 
 
-def decode_attention(q, k, v, start_pos, kernel="sdpa"):
-    """One decoded token q (B, H, 1, d) over the cache k, v (B, H_kv, T, d) -> (B, H, 1, d), each KV
-    head read once for its whole group, by `kernel` (static_attention). start_pos a (1,) tensor:
-    the static (compiled) step, k and v the whole cache; an int (eager): k and v hold the past."""
+def decode_attention(q, k, v, start_pos, scale=None, kernel="sdpa"):
+    """One decoded token q (B, H, 1, d) over the cache k, v (B, H_kv, T, d) -> (B, H, 1, d_v),
+    each KV head read once for its whole group, by `kernel` (static_attention). start_pos a (1,)
+    tensor: the static (compiled) step, k and v the whole cache; an int (eager): they hold the past."""
     B, H, _, d = q.shape
     if not isinstance(start_pos, torch.Tensor):  # every position held is visible
         start_pos = torch.tensor([k.size(2) - 1], device=q.device)
     qg = q.view(B, k.size(1), H // k.size(1), d)  # (B, H_kv, group, d): heads j = g*group + i
-    return static_attention(qg, k, v, start_pos, kernel).view(B, H, 1, d)  # -> (B, H, 1, d)
+    return static_attention(qg, k, v, start_pos, kernel, scale).view(B, H, 1, v.size(-1))  # (B, H, 1, d_v)
+
+
+def use_engine(model, kernel="sdpa"):
+    """Puts the engine in place on model (GPT.set_decode): its one-token attention by `kernel`,
+    and paged KV memory (kept where the model has it already: a compiled step reads its tensors)."""
+    memory = model.kv_memory if isinstance(model.kv_memory, PagedKV) else PagedKV()
+    return model.set_decode(functools.partial(decode_attention, kernel=kernel), memory)
 
 
 @torch.no_grad()

@@ -4,11 +4,11 @@
 # before any change to a CUDA path; not part of every CI run (PyPI's Linux wheel pulls the CUDA libraries: about
 # 3 GB, once).
 #
-#   bash scripts/torch211_check.sh              # build the venv if missing, then the quick suite and the dry run
-#   SUITE=slow bash scripts/torch211_check.sh   # the slow tests that compile (SLOW_COMPILED below), then the dry run
-#   SUITE=all bash scripts/torch211_check.sh    # both suites, then the dry run
-#   BUILD_ONLY=1 bash scripts/torch211_check.sh # only the venv
-#   VENV=/tmp/venv-torch211 PYTHON=python3 JOBS=1 bash scripts/torch211_check.sh   (the defaults)
+#   bash lab/torch211_check.sh              # build the venv if missing, then the quick suite and the dry run
+#   SUITE=slow bash lab/torch211_check.sh   # the slow tests that compile (SLOW_COMPILED below), then the dry run
+#   SUITE=all bash lab/torch211_check.sh    # both suites, then the dry run
+#   BUILD_ONLY=1 bash lab/torch211_check.sh # only the venv
+#   VENV=/tmp/venv-torch211 PYTHON=python3 JOBS=1 bash lab/torch211_check.sh   (the defaults)
 #
 # Output: each suite's summary line and wall time and the dry run's, also in $VENV/last_check.log.
 set -euo pipefail
@@ -50,7 +50,7 @@ suite() {  # name, then pytest's arguments
     out="$(mktemp -d)"
     start=$(date +%s)
     rc=0
-    "$VENV/bin/python" scripts/gpu_check.py --dry_run=True --report_dir="$out/report" > "$out/dry_run.log" 2>&1 || rc=$?
+    "$VENV/bin/python" lab/gpu_check.py --dry_run=True --report_dir="$out/report" > "$out/dry_run.log" 2>&1 || rc=$?
     echo "exit $rc after $(( $(date +%s) - start )) s; the report's sections:"
     grep -e '^## ' -e '^done' -e '^cut' -e '^exited' -e '^skipped' "$out/report/report.md" || tail -n 20 "$out/dry_run.log"
 } 2>&1 | tee "$log"

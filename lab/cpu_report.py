@@ -3,8 +3,8 @@ One row of the table of CPU kinds (docs/benchmarks.md, README), measured on the 
 with the commands a user runs. Run it with nothing else on the machine; it prints what it runs,
 every figure, the row, and a JSON line.
 
-    python scripts/cpu_report.py                         # minutes, most of them package builds (docs: how long)
-    python scripts/cpu_report.py --busy_fold=True        # fold.py beside a CPU-bound process: the plan must hold
+    python lab/cpu_report.py                         # minutes, most of them package builds (docs: how long)
+    python lab/cpu_report.py --busy_fold=True        # fold.py beside a CPU-bound process: the plan must hold
 
 1. Training: train.py on the demo config for train_iters iterations in a fresh cache: the dtype
 its plan picks, with
