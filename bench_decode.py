@@ -33,12 +33,12 @@ from nanovha.costs import kv_bytes_per_token
 from nanovha.engine import kernel as our_op
 from nanovha.engine.attention import DECODE_KERNELS, cache_zeros, decode_attention, use_decode_layout, use_engine
 from nanovha.engine.compiled import compiled_decode
-from nanovha.engine.plan import choose_attention, decode_plan, random_context
+from nanovha.engine.plan import choose_attention, decode_plan
 from nanovha.figures import compile_counters, copy_bandwidth, matmul_peak, plot_decode, print_table
 from nanovha.hardware import choose_decode_dtype, cpu_kind, dtype_name, memory_problem, torch_dtype
 from nanovha.loading import load_model, start_path
 from nanovha.outputs import append_line, figure_problem, output_problem
-from nanovha.timing import cache_folder, cache_problem
+from nanovha.timing import cache_folder, cache_problem, random_context
 from nanovha.timing import interleaved as interleaved_on, timed as timed_on
 from nanovha.variants import GQA_N, overrides
 

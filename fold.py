@@ -1,12 +1,10 @@
 """
-Folds a trained VHA checkpoint into the plain GQA model it already is, then proves it on real
-text:
+Folds a trained VHA checkpoint into the plain GQA model it already is, then proves it on real text:
 
-    python fold.py --out_dir=out-vha-small                          # writes out-vha-small/ckpt_folded.pt
-    python fold.py --out_dir=out-vha-small --plot=True              # + fold_analysis.png and a per-layer table
-    python fold.py --out_dir=out-vha-small --export_hf=hf-vha-small # + a Hugging Face Qwen3ForCausalLM folder,
-                                                                      run in transformers
-    python fold.py --out_dir=out-vha-small --export_gguf=vha-small.gguf  # + one GGUF file for llama.cpp
+    python fold.py --out_dir=out-vha-small                        # writes out-vha-small/ckpt_folded.pt
+    python fold.py --out_dir=out-vha-small --plot=True            # + fold_analysis.png, a per-layer table
+    python fold.py --out_dir=out-vha-small --export_hf=hf-vha     # + a Qwen3ForCausalLM folder, run in transformers
+    python fold.py --out_dir=out-vha-small --export_gguf=vha.gguf # + one GGUF file, run in llama.cpp
 
 The fold (fold_to_gqa in model.py, computed in float64), for virtual head j = g*H_p + h:
     premix   q_j = q_h P[g] = x W_q[h]^T P[g] = x (P[g]^T W_q[h])^T  =>  W_q'[j]    = P[g]^T W_q[h]
@@ -183,8 +181,7 @@ def proof_tokens(ckpt, vocab_size, block_size, n_seqs):
         if T < 2:
             continue
         starts = torch.randint(len(data) - T, (n_seqs,), generator=gen).tolist()
-        # (n_seqs, T)
-        tokens = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts])
+        tokens = torch.stack([torch.from_numpy(data[i:i + T].astype(np.int64)) for i in starts])  # (n_seqs, T)
         if int(tokens.max()) < vocab_size:
             return tokens, f"{n_seqs} x {T} tokens of {path}"
     tried = " or ".join(filter(None, folders)) or "(the checkpoint names no dataset)"
@@ -199,16 +196,14 @@ def logit_diff(model_a, model_b, tokens):
     for x in tokens.split(batch_size):
         diff = (model_a(x)[0] - model_b(x)[0]).abs()  # (B, T, vocab)
         worst = diff.max().item()
-        # NaN stays NaN
-        biggest = worst if math.isnan(worst) or math.isnan(biggest) else max(biggest, worst)
+        biggest = worst if math.isnan(worst) or math.isnan(biggest) else max(biggest, worst)  # NaN stays NaN
         total, count = total + diff.sum().item(), count + diff.numel()
     return biggest, total / count
 
 
 @torch.no_grad()
 def first_difference(model_a, model_b, prompt):
-    """Greedy-generates gen_tokens with both models; None if identical, else the first differing
-    index."""
+    """Greedy-generates gen_tokens with both models -> None if identical, else the first index that differs."""
     out_a, out_b = (generate(m, prompt, gen_tokens, temperature=0)[0, prompt.size(1):] for m in (model_a, model_b))
     differ = (out_a != out_b).nonzero()
     return None if len(differ) == 0 else int(differ[0])
@@ -281,8 +276,8 @@ def export(model, deployed, ckpt, src, tokens):
             note = write_gguf(deployed, export_gguf, meta, gguf_dtype)
         except OSError as e:
             sys.exit(f"error: cannot write the GGUF export to {export_gguf} ({e.strerror or e})")
-        print(f"exported GGUF (qwen3, {gguf_dtype}) to {export_gguf} "
-              f"({os.path.getsize(export_gguf) / 1e6:.1f} MB): "
+        size = os.path.getsize(export_gguf) / 1e6
+        print(f"exported GGUF (qwen3, {gguf_dtype}) to {export_gguf} ({size:.1f} MB): "
               f"llama_cpp.Llama(model_path={export_gguf!r})" + (f"\nnote: {note}" if note else ""))
         if llamacpp.version() is None:
             print("llama.cpp check: skipped "
@@ -290,10 +285,7 @@ def export(model, deployed, ckpt, src, tokens):
             return
         worst, scale, diverged = llamacpp.compare(export_gguf, model, tokens[0].tolist(), gen_tokens)
         same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
-        print(f"llama.cpp check (llama-cpp-python {llamacpp.version()}): |logit diff| max "
-              f"{worst:.2e} at logit scale "
-              f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; greedy "
-              f"{gen_tokens} tokens: {same}")
+        say_check(f"llama.cpp check (llama-cpp-python {llamacpp.version()})", worst, scale, tokens, same)
 
 
 def hf_check(model, folder, meta, tokens):
@@ -308,10 +300,13 @@ def hf_check(model, folder, meta, tokens):
     worst, scale, diverged, same_text = hf_compare(folder, model, meta, tokens[0].tolist(), gen_tokens)
     same = "identical" if diverged is None else f"DIFFERENT from token {diverged}"
     text = "" if same_text is None else f"; greedy text {'equal to' if same_text else 'DIFFERENT from'} sample.py's"
-    print(f"transformers check (transformers {transformers.__version__}): |logit diff| max "
-          f"{worst:.2e} at logit scale "
-          f"{scale:.1f} ({worst / scale:.1e} of it) on {tokens.size(1)} tokens; "
-          f"greedy {gen_tokens} tokens: {same}{text}")
+    say_check(f"transformers check (transformers {transformers.__version__})", worst, scale, tokens, same + text)
+
+
+def say_check(what, worst, scale, tokens, same):
+    """One line: how far another runtime's logits are from the checkpoint's, and whether the text is the same."""
+    print(f"{what}: |logit diff| max {worst:.2e} at logit scale {scale:.1f} ({worst / scale:.1e} of it) on "
+          f"{tokens.size(1)} tokens; greedy {gen_tokens} tokens: {same}")
 
 
 def build_decode(deployed):

@@ -345,15 +345,13 @@ class GPT(nn.Module):
         if start_pos is not None and cache is None:
             raise RuntimeError("no KV cache: call setup_cache(batch_size, max_len) first")
         if isinstance(start_pos, int) and start_pos + T > cache.k.size(2):
-            raise ValueError(f"positions up to {start_pos + T} do not fit the cache ({cache.k.size(2)}); "
-                             f"call setup_cache with a larger max_len")
+            raise ValueError(f"positions to {start_pos + T} exceed the cache ({cache.k.size(2)}): setup_cache more")
         cos, sin = self.rope_at(0 if start_pos is None else start_pos, T, idx.device)  # (T, rope_dim)
         x = self.drop(self.embed(idx))  # (B, T, D)
         for block in self.blocks:
             x = block(x, cos, sin, start_pos)
         x = self.norm(x if start_pos is None else x[:, -1:])  # (B, T or 1, D)
-        # the matmul runs at the padded N; keeping the real columns is exact and free (a view), and no
-        # caller ever sees a padded id
+        # the matmul at the padded N; the real columns are a view (exact, free), no caller sees a padded id
         logits = self.lm_head(x)[..., :self.cfg.vocab_size]  # (B, T, padded_vocab) -> (B, T, vocab_size)
         loss = None
         if targets is not None:

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from nanovha.config import at_least, flat_defaults, settings  # noqa: E402
 from nanovha.engine.attention import use_decode_layout  # noqa: E402
-from nanovha.engine.plan import random_context  # noqa: E402
+from nanovha.timing import random_context  # noqa: E402
 
 # bench: 6 layers x 512, 16 heads of dim 32, 2 KV heads, vocab 128; demo: 4 x 128, 8 of 16, vocab 65
 shape = "bench"

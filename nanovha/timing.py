@@ -116,6 +116,16 @@ def measure_at(contexts, calls_at):
     return {n: [(a + b) / 2 for a, b in zip(short[n], long[n])] for n in short}, stop()
 
 
+def random_context(model, ctx, max_len, batch_size=1):
+    """A fresh cache of max_len positions, the first ctx random: decode timed without a prefill."""
+    caches = model.setup_cache(batch_size, max_len)
+    with torch.no_grad():
+        for cache in caches:
+            cache.k[:, :, :ctx].normal_()
+            cache.v[:, :, :ctx].normal_()
+    return caches
+
+
 # ---- the choice
 def label(runtime, dtype):
     """A candidate's name: "compiled bfloat16"; a training dtype alone."""

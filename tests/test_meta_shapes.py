@@ -79,7 +79,7 @@ def test_prefill_and_decode_with_a_128k_cache_on_meta(name):
     assert net.decode_one_token(token, CONTEXT_128K - 1).shape == (1, GPT2_VOCAB)
     pos = torch.tensor([CONTEXT_128K - 1], device="meta")
     assert net.decode_one_token(token, pos).shape == (1, GPT2_VOCAB)
-    with pytest.raises(ValueError, match="do not fit the cache"):
+    with pytest.raises(ValueError, match="exceed the cache"):
         net.decode_one_token(token, CONTEXT_128K)
 
 

@@ -14,8 +14,8 @@ python data/fineweb_edu/prepare.py [--num_tokens 100000000] [--out_dir DIR]
 python data/fineweb_edu/prepare.py --tokenizer=hf --hf_tokenizer=Qwen3-0.6B --num_tokens=600000000
     --out_dir=data/fineweb_edu_qwen3
 (100M tokens is about 200 MB on disk; config/fineweb/*.py want --num_tokens 2600000000, about 5.2
-GB) Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/
-(CONTRIBUTING.md).
+GB) Flags by argparse: data/ imports only data/ and the one output guard,
+nanovha/outputs.py (CONTRIBUTING.md).
 """
 import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

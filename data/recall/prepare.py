@@ -5,8 +5,8 @@ iter, micro-step) stream, at the difficulty its curriculum has reached, so there
 outgrow and resume stays exact.
 
 python data/recall/prepare.py [--task mqar] [--n_pairs 16 --n_keys 128 --gap 0 ...] [--n_val 512] [--out_dir DIR]
-Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/
-(CONTRIBUTING.md).
+Flags by argparse: data/ imports only data/ and the one output guard,
+nanovha/outputs.py (CONTRIBUTING.md).
 """
 import argparse, os, pickle, sys
 import numpy as np

@@ -3,7 +3,8 @@ The complete works of Shakespeare (42 plays and poems), character-level.
 Writes train.bin, val.bin, meta.pkl next to this file (or to --out_dir).
 
 python data/shakespeare_char/prepare.py [--out_dir DIR]
-Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/ (CONTRIBUTING.md).
+Flags by argparse: data/ imports only data/ and the one output guard,
+nanovha/outputs.py (CONTRIBUTING.md).
 """
 import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

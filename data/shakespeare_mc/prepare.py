@@ -12,8 +12,8 @@ lm_eval --model hf --model_args pretrained=hf-vha-small --tasks shakespeare_mc -
 data/shakespeare_mc
 
 shakespeare_mc.yaml loads the jsonl with load_docs below (lm-eval's custom_dataset): no hub, from
-any directory. Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/
-(CONTRIBUTING.md).
+any directory. Flags by argparse: data/ imports only data/ and the one output guard,
+nanovha/outputs.py (CONTRIBUTING.md).
 """
 import argparse, hashlib, json, os, pickle, random, re, sys
 

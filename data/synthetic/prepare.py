@@ -7,8 +7,8 @@ that learns bigrams takes the loss from ln 50257 = 10.8 to well under 1 nat: a f
 the path learns.
 
 python data/synthetic/prepare.py [--out_dir DIR] [--train_tokens 2097152] [--seed 0]
-Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/
-(CONTRIBUTING.md).
+Flags by argparse: data/ imports only data/ and the one output guard,
+nanovha/outputs.py (CONTRIBUTING.md).
 """
 import argparse, os, sys
 import numpy as np

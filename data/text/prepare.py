@@ -5,8 +5,8 @@ the order given; the first 90% of the text is train.
 python data/text/prepare.py --input a.txt [b.txt ...] --out_dir data/mytext --tokenizer char|gpt2
 python data/text/prepare.py --input a.txt --out_dir data/mytext_qwen3 --tokenizer hf --hf_tokenizer Qwen3-0.6B
 (hf: the tokenizer of a Hugging Face model folder, offline; ids above 65,535 are written as
-uint32) Flags by argparse, not nanovha/config.py's settings(): data/ imports only data/
-(CONTRIBUTING.md).
+uint32) Flags by argparse: data/ imports only data/ and the one output guard,
+nanovha/outputs.py (CONTRIBUTING.md).
 """
 import argparse, os, sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

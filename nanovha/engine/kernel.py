@@ -143,10 +143,8 @@ def build(folder, cxx, replace=False):
     for old in glob.glob(os.path.join(root, ".build-*")):
         if time.time() - os.path.getmtime(old) > 3600:
             shutil.rmtree(old, ignore_errors=True)
-    before = [r["seconds"] for r in map(record_of, glob.glob(os.path.join(root, "*"))) if r]
-    about = f", about {max(before):.0f} s the last time here" if before else ""
-    print(f"building our attention kernel for this CPU, once ({cxx}{about}; stopped after "
-          f"{BUILD_SECONDS:.0f} s) ...", file=sys.stderr, flush=True)
+    print(f"building our attention kernel for this CPU, once ({cxx}; stopped after {BUILD_SECONDS:.0f} s) ...",
+          file=sys.stderr, flush=True)
     t0 = time.time()
     try:
         build_library(tmp)

@@ -23,7 +23,7 @@ from nanovha.engine.attention import DECODE_KERNELS, static_attention, use_decod
 from nanovha.engine.compiled import compiled_decode, package_path
 from nanovha.hardware import choose_decode_dtype, cpu_bf16_support, cpu_kind, dtype_name, torch_dtype
 from nanovha.timing import (MIN_S, ROUNDS, Plan, cache_folder, choose, describe, label, measure_at, plan_path,
-                            read_jobs, reason, timed_job)
+                            random_context, read_jobs, reason, timed_job)
 
 RUNTIMES = ("compiled", "eager")
 
@@ -61,16 +61,6 @@ def context_range(first, last):
     return lo, max(lo, 1 << max(0, (last - 1).bit_length()))
 
 
-def random_context(model, ctx, max_len, batch_size=1):
-    """A fresh cache of max_len positions, the first ctx random: decode timed without a prefill."""
-    caches = model.setup_cache(batch_size, max_len)
-    with torch.no_grad():
-        for cache in caches:
-            cache.k[:, :, :ctx].normal_()
-            cache.v[:, :, :ctx].normal_()
-    return caches
-
-
 # ---- 1. the attention each dtype runs: SDPA or ours, timed on the attention alone
 def choose_attention(model, contexts, folder="", replan=False, by="sample.py"):
     """-> AttentionChoice: the one-token attention of the model here, SDPA or ours (kernel.py),
@@ -102,7 +92,8 @@ def attention_calls(model, ctx):
 
 # ---- 2. the candidates
 def candidates(model, dtypes, runtimes, contexts, folder, build, replan, by):
-    """-> (the candidates in safety order, each dtype's AttentionChoice). Eager in each dtype
+    """-> (the candidates in safety order: float32 first, compiled before eager; each dtype's
+    AttentionChoice). Eager in each dtype
     calls the planned attention; compiled in each dtype where its package is built now or cached
     (package_kernel)."""
     out, choices = [], {}
@@ -110,10 +101,11 @@ def candidates(model, dtypes, runtimes, contexts, folder, build, replan, by):
         copied = use_decode_layout(copy.deepcopy(model).to(dtype).eval())
         choices[dtype] = choice = choose_attention(copied, contexts, folder, replan, by)
         kernel = package_kernel(copied, folder, choice, build) if "compiled" in runtimes else None
-        out += [Candidate("compiled", dtype, kernel, copied)] * (kernel is not None)
-        out += [Candidate("eager", dtype, choice.kernel, copied)] * ("eager" in runtimes)
-    order = {name: i for i, name in enumerate(label(r, d) for d in dtypes for r in RUNTIMES)}
-    return sorted(out, key=lambda c: order[c.name]), choices
+        if kernel is not None:
+            out.append(Candidate("compiled", dtype, kernel, copied))
+        if "eager" in runtimes:
+            out.append(Candidate("eager", dtype, choice.kernel, copied))
+    return out, choices
 
 
 def package_kernel(model, folder, choice, build):
