@@ -87,6 +87,7 @@ LIMITS = {**{k: at_least(1) for k in ("decode_steps", "prefill_repeats", "block_
           "attention_kernel": ("auto", *DECODE_KERNELS)}
 globals().update(settings(flat_defaults(globals()), sys.argv[1:], optional={"prefill_max": int}, limits=LIMITS))
 DECODE_VARIANTS = ("mha", "gqa8", "gqa4", "gqa2", "mqa", "vha_folded", "mla", "mfa")  # nanovha/variants.py's names
+HANDICAP = 1.5  # a variant's attention slower than this times its roof: a ratio against it would flatter the other
 kernel_of = {}  # variant -> its one-token attention, eager and compiled (attention_kernels)
 device_type = device.split(":")[0]
 shape = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
@@ -421,7 +422,9 @@ def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
                                roofline_ms=r["mb_per_step"] / bw * 1e9, attn_roof_ms=attn_roof_ms)
         if name in attn_s:
             s = attn_s[name]
-            breakdown[name].update(attn_ms=s * 1e3, attn_gb_s=kv_bytes / s / 1e9, attn_gflop_s=attn_flops / s / 1e9)
+            breakdown[name].update(attn_ms=s * 1e3, attn_gb_s=kv_bytes / s / 1e9, attn_gflop_s=attn_flops / s / 1e9,
+                                   attn_of_roof=attn_roof_ms / (s * 1e3),
+                                   handicapped="HANDICAPPED" if s * 1e3 > HANDICAP * attn_roof_ms else "")
     print(f"\nbreakdown at context {top} ({runtime}): ms/token at context 1 = weights + per-op overhead; the rest "
           f"grows with the cache")
     print_table(breakdown.values(), [
@@ -439,7 +442,8 @@ def breakdown_at(models, at, top, bw, runners, compiled, ptdtype):
           f"bandwidth, FLOPs at the matmul peak)")
     print_table([b for n, b in breakdown.items() if n in models], [
         ("variant", "variant", "{}"), ("attention ms", "attn_ms", "{:.2f}"), ("K/V GB/s", "attn_gb_s", "{:.1f}"),
-        ("GFLOP/s", "attn_gflop_s", "{:.1f}"), ("roof ms", "attn_roof_ms", "{:.2f}")])
+        ("GFLOP/s", "attn_gflop_s", "{:.1f}"), ("roof ms", "attn_roof_ms", "{:.2f}"),
+        ("of its roof", "attn_of_roof", "{:.0%}"), (f"> {HANDICAP}x its roof", "handicapped", "{}")])
     return breakdown, floor_ms["op_floor"], flops_peak
 
 
@@ -512,4 +516,8 @@ def run_decode():
 
 
 if __name__ == "__main__":  # a test may import this file to call resolve_auto
-    print(json.dumps(run_decode(), default=str))
+    started = time.perf_counter()
+    result = run_decode()
+    result["total_s"] = time.perf_counter() - started
+    print(f"\nbench_decode: {result['total_s']:.0f} s in all (packages and our op built here included)")
+    print(json.dumps(result, default=str))

@@ -6,17 +6,14 @@ every figure, the row, and a JSON line.
     python lab/cpu_report.py                         # minutes, most of them package builds (docs: how long)
     python lab/cpu_report.py --busy_fold=True        # fold.py beside a CPU-bound process: the plan must hold
 
-1. Training: train.py on the demo config for train_iters iterations in a fresh cache: the dtype
-its plan picks, with
-   both step times, and the run's ms/iteration. (Speed does not depend on how long a model trained.)
-2. fold -> sample: fold.py on that checkpoint (it builds the packages and times the plan), then
-sample.py under
-   default flags on ckpt_folded.pt and on ckpt.pt (greedy, gen_tokens): tok/s and whether the texts are equal; then
-   every candidate forced (--dtype x --compile), and the default over the fastest of them (the default and the
-   candidates run `rounds` times in turn, each keeping its best: one slow run is the VM, not the choice).
-3. Decode against llama.cpp: bench_decode.py on the folded VHA model at 1K, 4K and 16K in the
-planned dtype:
-   ours / llama.cpp per context, the fixed cost per token of each, and the share of copy bandwidth at 16K.
+1. Training: train.py on the demo config for train_iters iterations in a fresh cache: the dtype its plan
+   picks, with both step times, and the run's ms/iteration. (Speed does not depend on how long a model trained.)
+2. fold -> sample: fold.py on that checkpoint (it builds the packages and times the plan), then sample.py
+   under default flags on ckpt_folded.pt and on ckpt.pt (greedy, gen_tokens): tok/s and whether the texts are
+   equal; then every candidate forced (--dtype x --compile), and the default over the fastest of them (the
+   default and the candidates run `rounds` times in turn, each keeping its best: one slow run is the VM).
+3. Decode against llama.cpp: bench_decode.py on the folded VHA model at 1K, 4K and 16K in the planned
+   dtype: ours / llama.cpp per context, the fixed cost per token of each, and the copy bandwidth's share at 16K.
 """
 import json
 import os
@@ -65,7 +62,7 @@ def lscpu_model():
 
 def tok_s(stdout):
     """The median tok/s of sample.py's timing lines."""
-    return statistics.median(float(x) for x in re.findall(r"tokens in [\d.]+ s, (\d+) tok/s", stdout))
+    return statistics.median(float(x) for x in re.findall(r"then (\d+) tok/s", stdout))
 
 
 def sample(env, out_dir, *flags):

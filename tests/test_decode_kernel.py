@@ -28,8 +28,8 @@ def reference(q, k, v, pos, scale):
 
 
 # (B, H_kv, G, D, D_v, T, pos, dtype, tolerance relative to the largest output): the compiled-in shapes (groups of
-# 4/8/16, rows of 16-128), the scalar path (any other shape, and float64), chunks merged (T past 512), and a
-# position far short of the cache. Tolerances 5x the worst seen over 5 seeds and 1 and 4 threads (float32 3.7e-6,
+# 1/2/4/8/16, rows of 16-128 and MLA's 144), the scalar path (any other shape, float16 and float64), chunks merged
+# (T past 512), a last block cut short of 16 rows, and a position far short of the cache. Tolerances 5x the worst seen over 5 seeds and 1 and 4 threads (float32 3.7e-6,
 # float16 3.4e-4, bf16 3.0e-3): a seed's rounding cannot fail them, a wrong index or a lost chunk does.
 F32, F16, BF16 = 2e-5, 2e-3, 1.5e-2
 CASES = {
@@ -48,7 +48,12 @@ CASES = {
     "mqa_bf16": (1, 1, 16, 32, 32, 3000, 2950, torch.bfloat16, BF16),
     "mla_rows_bf16": (1, 1, 16, 128, 128, 1100, 1000, torch.bfloat16, BF16),
     "short_bf16": (2, 1, 16, 32, 32, 64, 20, torch.bfloat16, BF16),
-    "gqa8_bf16_scalar_path": (1, 8, 2, 32, 32, 700, 699, torch.bfloat16, BF16),
+    "gqa8_bf16_rows": (1, 8, 2, 32, 32, 700, 699, torch.bfloat16, BF16),  # the rows path: groups of 1 and 2
+    "mha_bf16_rows": (1, 16, 1, 32, 32, 1500, 1499, torch.bfloat16, BF16),
+    "mha_float32_rows": (1, 4, 1, 64, 64, 777, 770, torch.float32, F32),  # a last block of 3 rows
+    "gqa8_float32_rows": (2, 2, 2, 128, 128, 650, 640, torch.float32, F32),
+    "group4_bf16_rows": (1, 2, 4, 16, 16, 300, 299, torch.bfloat16, BF16),
+    "mla_latent_bf16": (1, 1, 16, 144, 144, 1000, 998, torch.bfloat16, BF16),  # [c_kv ; k_R]: 128 + 16
 }
 
 

@@ -104,6 +104,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
   VG l = {};
   for (int64_t b0 = c.t0; b0 < c.t1; b0 += kBlock) {
     const int64_t nb = std::min(kBlock, c.t1 - b0);
+    prefetch_block(c, b0 + kBlock);
     for (int64_t j = 0; j < nb; j += 16) {  // scores of 16 positions
       const c10::BFloat16* rows = c.k + (b0 + j) * c.ks;
       int64_t stride = c.ks;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "decode_common.h"
+#include "rows_path.h"
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
 #define NANOVHA_AMX 1
 #include "amx_tiles.h"
@@ -76,6 +77,7 @@ void attend_chunk(const Chunk<scalar_t, float>& c) {
   VG l = {};
   for (int64_t b0 = c.t0; b0 < c.t1; b0 += kBlock) {
     const int64_t nb = std::min(kBlock, c.t1 - b0);
+    prefetch_block(c, b0 + kBlock);
     rows_to_float(c.k + b0 * c.ks, c.ks, nb, D, kf);
     // s[j] = q^T k_j: D multiply-adds of one vector over the group, 8 positions at a time (8 chains
     // of adds in flight; rows past nb hold stale values and their scores are not read)
@@ -161,36 +163,49 @@ void attend_chunk_any(const Chunk<scalar_t, acc_t>& c) {
   std::copy(l.begin(), l.end(), c.l);
 }
 
+// Which path a group takes, by what streamed the cache fastest on the CPUs measured (docs/benchmarks.md:
+// our op's paths): lanes along the head dimension (rows_path.h) up to 4 heads, and 8 in bf16; bf16 groups of
+// more than 8 on AMX where the CPU has it; the group as the lanes otherwise
+template <typename scalar_t, int G>
+constexpr bool kRows = G <= 4 || (G == 8 && std::is_same_v<scalar_t, c10::BFloat16>);
+
 template <typename scalar_t, typename acc_t, int G, int D, int DV>
 bool run_fixed(const Chunk<scalar_t, acc_t>& c) {
-  if constexpr (std::is_same_v<acc_t, float>) {
+  if constexpr (std::is_same_v<acc_t, float> && !std::is_same_v<scalar_t, c10::Half>) {  // float16: scalar
     if (c.G == G && c.D == D && c.DV == DV) {
 #ifdef NANOVHA_AMX
-      if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && G <= kAmxHeads && D % 32 == 0 && DV % 16 == 0) {
+      if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && G > 8 && G <= kAmxHeads && D % 32 == 0 && DV % 16 == 0) {
         if (amx_allowed()) {
           attend_chunk_amx<G, D, DV>(c);
           return true;
         }
       }
 #endif
-      attend_chunk<scalar_t, G, D, DV>(c);
+      if constexpr (kRows<scalar_t, G>) {
+        attend_chunk_rows<scalar_t, G, D, DV>(c);
+      } else {
+        attend_chunk<scalar_t, G, D, DV>(c);
+      }
       return true;
     }
   }
   return false;
 }
 
-// the shapes compiled in: groups of 4, 8 and 16 query heads over rows of 16 to 128 (MLA's
-// latent rows [c_kv ; k_R] are keys and values at once); others take the scalar path
+// the shapes compiled in: groups of 1, 2, 4, 8 and 16 query heads over rows of 16 to 128, and MLA's
+// latent rows [c_kv ; k_R] of 128 + 16 (keys and values at once); others take the scalar path
 template <typename scalar_t, typename acc_t>
 void attend(const Chunk<scalar_t, acc_t>& c) {
 #define NANOVHA_CASE(G, D, DV) \
   if (run_fixed<scalar_t, acc_t, G, D, DV>(c)) return;
 #define NANOVHA_HEADS(G) \
   NANOVHA_CASE(G, 16, 16) NANOVHA_CASE(G, 32, 32) NANOVHA_CASE(G, 64, 64) NANOVHA_CASE(G, 128, 128)
+  NANOVHA_HEADS(1)
+  NANOVHA_HEADS(2)
   NANOVHA_HEADS(4)
   NANOVHA_HEADS(8)
   NANOVHA_HEADS(16)
+  NANOVHA_CASE(16, 144, 144)
 #undef NANOVHA_HEADS
 #undef NANOVHA_CASE
   attend_chunk_any<scalar_t, acc_t>(c);
