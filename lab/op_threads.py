@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from nanovha.config import at_least, flat_defaults, settings  # noqa: E402
 from nanovha.engine import kernel as our_op  # noqa: E402
 from nanovha.hardware import cpu_kind  # noqa: E402
-from nanovha.engine.attention import split_kv_attention  # noqa: E402
+from nanovha.engine.attention import static_attention  # noqa: E402
 
 context = 16384
 layers = 6
@@ -45,10 +45,10 @@ def main():
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 8, 32, generator=g).bfloat16()
     caches = [torch.randn(2, 1, 2, context, 32, generator=g).bfloat16() for _ in range(layers)]
-    pos, visible = torch.tensor([context - 1]), torch.ones(context, dtype=torch.bool)
+    pos = torch.tensor([context - 1])
     w, x = torch.randn(2048, 512).bfloat16(), torch.randn(1, 512).bfloat16()
     fns = {"ours": lambda: [torch.ops.nanovha.decode_attention(q, k, v, pos, 0.18) for k, v in caches],
-           "sdpa": lambda: [split_kv_attention(q, k, v, visible, 0.18) for k, v in caches],
+           "sdpa": lambda: [static_attention(q, k, v, pos, "sdpa", 0.18) for k, v in caches],
            "ours, then a GEMV": lambda: [(torch.ops.nanovha.decode_attention(q, k, v, pos, 0.18), x @ w.t())
                                          for k, v in caches]}
     print(f"{cpu_kind()}; torch {torch.__version__}; {layers} layers of GQA-2 at context {context}, bf16")

@@ -29,8 +29,9 @@ def reference(q, k, v, pos, scale):
 
 # (B, H_kv, G, D, D_v, T, pos, dtype, tolerance relative to the largest output): the compiled-in shapes (groups of
 # 1/2/4/8/16, rows of 16-128 and MLA's 144), the scalar path (any other shape, float16 and float64), chunks merged
-# (T past 512), a last block cut short of 16 rows, and a position far short of the cache. Tolerances 5x the worst seen over 5 seeds and 1 and 4 threads (float32 3.7e-6,
-# float16 3.4e-4, bf16 3.0e-3): a seed's rounding cannot fail them, a wrong index or a lost chunk does.
+# (T past 512), a last block cut short of 16 rows, and a position far short of the cache. Tolerances 5x the worst
+# seen over 5 seeds and 1 and 4 threads (float32 3.7e-6, float16 3.4e-4, bf16 3.0e-3): a seed's rounding cannot fail
+# them, a wrong index or a lost chunk does.
 F32, F16, BF16 = 2e-5, 2e-3, 1.5e-2
 CASES = {
     "gqa2_float64": (1, 2, 8, 32, 32, 700, 699, torch.float64, 1e-13),

@@ -1,7 +1,7 @@
 """
 What the engine puts in place on the model it runs (GPT.set_decode, through use_engine): the
-one-token attention, each KV head read once for its group (SDPA split along the cache, or our C++
-op, as the plan chose), and the KV memory, every layer's cache in one allocation of 2 MB pages;
+one-token attention, each KV head read once for its group (SDPA, or our C++ op, as the plan
+chose), and the KV memory, every layer's cache in one allocation of 2 MB pages;
 and the decode weight layout. Each is the same math as model.py's own path along another road
 (tests/test_model.py and tests/test_mla_mfa.py check them in float64).
 
@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-CACHE_BLOCK = 64  # KV caches hold whole blocks of this many positions (see split_kv_attention)
+CACHE_BLOCK = 64  # KV caches hold whole blocks of this many positions: a compiled step's length is a multiple
 
 
 def cache_zeros(numel, dtype, device):
@@ -51,58 +51,18 @@ class PagedKV:
         return list(zip(self.tensors[0::2], self.tensors[1::2]))
 
 
-@torch.compiler.assume_constant_result
-def cpu_threads():
-    """torch's CPU thread count, a constant to torch.compile (a step is compiled for one count)."""
-    return torch.get_num_threads()
-
-
-def split_kv_attention(q, k, v, visible, scale=None, splits=None):
-    """One-token decode over a static cache, flash-decoding style -> (B, H_kv, G, d_v).
-    q (B, H_kv, G, d): each KV head's G query heads as query rows; k (B, H_kv, T, d),
-    v (B, H_kv, T, d_v); visible (T,): the positions written.
-    A CPU SDPA call works on one (batch, head) per thread, so with fewer KV heads than threads
-    (MQA, MFA, MLA's latent) the cache is cut into S chunks along T, each attended on its own,
-    and the chunks' outputs are merged by their log-sum-exps: out = sum_s softmax_s(lse_s) out_s
-    (exact, up to rounding). splits=None: as many chunks as idle threads; the tests set it."""
-    B, H_kv, G, d = q.shape
-    T = k.size(2)
-    if q.device.type != "cpu":  # a GPU runs many heads' blocks at once: no split
-        S = 1
-    else:
-        S = cpu_threads() // (B * H_kv) if splits is None else splits
-        S = 1 << (min(S, CACHE_BLOCK).bit_length() - 1) if S >= 1 else 1  # a power of 2
-    if S < 2 or T % S or v.size(-1) != d:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None], scale=scale)
-    n = T // S
-    # (B, H_kv*S, G, d): chunks as heads
-    qs = q[:, :, None].expand(B, H_kv, S, G, d).reshape(B, H_kv * S, G, d)
-    # (B, H_kv*S, n, d): chunk s of KV head g
-    ks, vs = k.view(B, H_kv * S, n, d), v.view(B, H_kv * S, n, d)
-    seen = visible.view(S, n)  # (S, n)
-    bias = torch.zeros(S, n, dtype=q.dtype, device=q.device).masked_fill(~seen, float("-inf"))
-    bias = bias[None, :, None].expand(H_kv, S, 1, n).reshape(1, H_kv * S, 1, n)  # (1, H_kv*S, 1, n)
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qs, ks, vs, 0.0, False,
-                                                                           attn_mask=bias, scale=scale)
-    # a chunk not yet written
-    lse = lse.view(B, H_kv, S, G).masked_fill(~seen.any(dim=1)[:, None], float("-inf"))
-    acc = torch.promote_types(q.dtype, torch.float32)  # bf16 chunks merge in float32
-    w = lse.to(acc).softmax(dim=2)[..., None]  # (B, H_kv, S, G, 1): chunk s's share of the softmax mass
-    return (out.view(B, H_kv, S, G, d).to(acc) * w).sum(dim=2).to(q.dtype)  # (B, H_kv, G, d)
-
-
 DECODE_KERNELS = ("sdpa", "nanovha")  # the static decode step's one-token attention, the safe one first
 
 
 def static_attention(q, k, v, start_pos, kernel="sdpa", scale=None):
     """One decoded token over a static cache: q (B, H_kv, G, d), k (B, H_kv, T, d), v (B, H_kv,
-    T, d_v), positions 0..start_pos written ((1,) tensor) -> (B, H_kv, G, d_v), by `kernel`
-    (the attention's decode_kernel, set by the plan): "sdpa" (split_kv_attention) or "nanovha"
-    (our C++ op, nanovha/engine/csrc/, once nanovha/engine/kernel.py has loaded it)."""
+    T, d_v), positions 0..start_pos written ((1,) tensor) -> (B, H_kv, G, d_v), by `kernel`:
+    "sdpa" (model.py's own, each KV head's group as its query rows) or "nanovha" (our C++ op,
+    csrc/, once kernel.py has loaded it), as the plan timed them."""
     if kernel == "nanovha" and q.device.type == "cpu":
         return torch.ops.nanovha.decode_attention(q, k, v, start_pos, scale or q.size(-1) ** -0.5)
     visible = torch.arange(k.size(2), device=k.device) <= start_pos  # (T,): the positions written
-    return split_kv_attention(q, k, v, visible, scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None], scale=scale)
 
 
 def decode_attention(q, k, v, start_pos, scale=None, kernel="sdpa"):

@@ -6,12 +6,9 @@ model and machine, kept as a package, loaded in a fraction of a second by later 
     model.setup_cache(1, max_len)           # any length: one package serves every context
     logits = step(token, pos)               # == model.decode_one_token(token, pos), pos a (1,) tensor
 
-What is compiled: model.py's static-shape decode path, model(token, start_pos=pos), with the
-engine in place (attention.use_engine), the KV caches as inputs of any length (written in place:
-the engine's PagedKV keeps them) and the weights baked in. Inductor fuses each norm, RoPE and
-softmax into one C++ loop and, with max_autotune, generates the matrix-vector products for these
-exact shapes and thread count; its C++ wrapper runs them with no Python between. Of the model it
-calls two methods, set_decode (through use_engine) and setup_cache, and decode_one_token's path.
+What is compiled: model(token, start_pos=pos), the engine in place (use_engine), the KV caches
+as inputs of any length (the engine's PagedKV holds them) and the weights baked in; inductor
+generates the matrix-vector products for these shapes and runs them with no Python between.
 """
 import hashlib
 import inspect

@@ -6,11 +6,9 @@ torch.ops.nanovha.decode_attention; plan.py times it against SDPA (docs/architec
         out = torch.ops.nanovha.decode_attention(q, k, v, pos, scale)   # (B, H_kv, G, d_v)
 
 It never hangs or crashes a command: what goes wrong is one line, and SDPA decodes. A library
-lives in <cache>/kernels/<source, torch, CPU, instruction sets>-<compiler>, with a record written
-once it is whole; a whole one loads read-only (a shared or read-only cache, no compiler needed),
-and a broken one is built again. A build runs in a child process, stopped with everything it
-started after BUILD_SECONDS, in a folder of its own renamed into place when done: a build
-killed midway, or one beside another, leaves nothing in the way of the next.
+has a folder per source, torch, CPU and compiler, with a record written once it is whole; it
+loads read-only, and a broken one is built again. A build runs in a child process stopped at
+BUILD_SECONDS, in a folder of its own renamed into place: nothing a killed build leaves blocks.
 """
 import glob
 import hashlib

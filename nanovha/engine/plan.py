@@ -92,10 +92,8 @@ def attention_calls(model, ctx):
 
 # ---- 2. the candidates
 def candidates(model, dtypes, runtimes, contexts, folder, build, replan, by):
-    """-> (the candidates in safety order: float32 first, compiled before eager; each dtype's
-    AttentionChoice). Eager in each dtype
-    calls the planned attention; compiled in each dtype where its package is built now or cached
-    (package_kernel)."""
+    """-> (the candidates, safest first, each dtype's AttentionChoice): eager calls the planned
+    attention; compiled is one where its package is built now or cached (package_kernel)."""
     out, choices = [], {}
     for dtype in dtypes:
         copied = use_decode_layout(copy.deepcopy(model).to(dtype).eval())
@@ -204,14 +202,10 @@ def pick(job, names):
 def the_plan(chosen, job, names, choices, asked, runtimes, folder, contexts):
     """The Plan of the chosen candidate: its step built or loaded (eager in its place where it
     cannot be), the engine in place, the reason and every figure behind it."""
-    why = reason(job, names, chosen.name, "token", asked)
-    if chosen.runtime == "compiled" and chosen.step is None:
-        chosen.step = compiled_decode(chosen.model, folder, kernel=chosen.attention)
-        if chosen.step is None:
-            chosen = Candidate("eager", chosen.dtype, choices[chosen.dtype].kernel, chosen.model)
-            why += "; the compiled step cannot be built here"
-    if chosen.runtime == "eager":
-        use_engine(chosen.model, chosen.attention)
+    why, one = reason(job, names, chosen.name, "token", asked), [chosen]
+    ready(one, folder)  # its step built or loaded, the engine in place; eager where it cannot be built
+    if one[0].runtime != chosen.runtime:
+        why, chosen = why + "; the compiled step cannot be built here", one[0]
     if "compiled" in runtimes and all(c.runtime == "eager" for c in names.values()):
         why += "; no compiled step cached (--compile=True builds one)"
     details = [] if job is None else describe(
