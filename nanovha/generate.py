@@ -26,21 +26,25 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=
     """Continues idx (B, T) -> (B, T + max_new_tokens); temperature=0 is greedy. Builds a cache
     of the needed size. decode: a stand-in for model.decode_one_token (a compiled one:
     nanovha/engine/compiled.py), given the position as a (1,) tensor. seconds: a dict that gets
-    the prefill's seconds and the decode loop's (perf_counter, the device synchronised)."""
+    the prefill's seconds, the decode loop's, and on a CPU each step's (perf_counter)."""
     B, T = idx.shape
     model.setup_cache(B, T + max_new_tokens)
     out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)  # (B, T + max_new_tokens)
     t0 = time.perf_counter()
     logits = model.prefill(idx)
     t1 = synchronized(idx.device)
+    ends = [t1]  # on a CPU, when each step ended (a GPU's steps are only queued here)
     for pos in range(T, T + max_new_tokens):
         out[:, pos] = sample_next(logits, temperature, top_k, generator)
         if pos + 1 < T + max_new_tokens and decode is None:
             logits = model.decode_one_token(out[:, pos:pos + 1], pos)
         elif pos + 1 < T + max_new_tokens:
             logits = decode(out[:, pos:pos + 1], torch.tensor([pos], device=idx.device))
+        if seconds is not None and idx.device.type == "cpu":
+            ends.append(time.perf_counter())
     if seconds is not None:
-        seconds.update(prefill=t1 - t0, decode=synchronized(idx.device) - t1)
+        steps = [b - a for a, b in zip(ends, ends[1:])]
+        seconds.update(prefill=t1 - t0, decode=synchronized(idx.device) - t1, steps=steps)
     return out
 
 

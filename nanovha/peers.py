@@ -27,7 +27,7 @@ import torch.distributed as dist
 ROLL_CALL_S = 5  # a live process answers in milliseconds
 
 
-def start_ddp(device, gradient_accumulation_steps, timeout_s):
+def start_ddp(device, gradient_accumulation_steps, timeout_seconds):
     """Joins the process group torchrun launched (nccl on GPUs, gloo on CPU); one GPU per local
     rank. Returns (rank, local_rank, world_size, device); raises ValueError for a launch that
     cannot work."""
@@ -44,7 +44,7 @@ def start_ddp(device, gradient_accumulation_steps, timeout_s):
                              f"use --nproc_per_node={gpus}")
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
-    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_seconds))
     return rank, local_rank, world_size, device
 
 

@@ -50,7 +50,7 @@ def optional(module, install="pip install -r requirements-dev.txt"):
 
 @pytest.fixture(scope="session", autouse=True)
 def compile_cache(tmp_path_factory):
-    """Compiled decode packages (nanovha/engine/compiled.py) go to a folder of this test session, for the tests and
+    """Compiled decode packages (nanovha/engine/compiled.py) go to a folder of this test run, for the tests and
     every script they start: never the user's cache."""
     folder = str(tmp_path_factory.mktemp("compiled"))
     os.environ["NANOVHA_CACHE"] = folder

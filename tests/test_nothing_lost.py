@@ -68,7 +68,7 @@ def decode_plan_file(folder):
 
 def damage_plans(change):
     """A setup: change(job) for the decode job of a copy of the plans fixture in {t}/plans."""
-    def setup(t, plans, session):
+    def setup(t, plans, shared):
         path = decode_plan_file(shutil.copytree(plans, t / "plans"))
         content = json.loads(path.read_text())
         for job in content["jobs"].values():
@@ -81,14 +81,14 @@ def set_rounds(value):
     return lambda job: job["rounds"].update({name: value for name in job["rounds"]})
 
 
-def plan_folder_is_a_folder(t, plans, session):
+def plan_folder_is_a_folder(t, plans, shared):
     path = decode_plan_file(shutil.copytree(plans, t / "plans"))
     path.unlink()
     path.mkdir()
 
 
 def compiler(script):
-    def setup(t, plans, session):
+    def setup(t, plans, shared):
         (t / "cxx").write_text(script)
         (t / "cxx").chmod(0o755)
     return setup
@@ -97,9 +97,9 @@ def compiler(script):
 def kernel_record(record):
     """A setup: the kernel library built for this CPU (by the plans fixture's sample.py), copied into {t}/cache with
     its record replaced."""
-    def setup(t, plans, session):
+    def setup(t, plans, shared):
         from nanovha.engine import kernel
-        [built] = [f for f in session.glob("kernels/*") if kernel.record_of(str(f))]
+        [built] = [f for f in shared.glob("kernels/*") if kernel.record_of(str(f))]
         copy = shutil.copytree(built, t / "cache" / "kernels" / built.name)
         (copy / "built.json").write_text(json.dumps(record) if not callable(record) else json.dumps(
             record(kernel.record_of(str(built)))))
@@ -112,7 +112,7 @@ class Case:
     args: list  # {w}: the world, {t}: this case's own folder
     line: str  # the one line expected: an error (refused), else a note on stderr (the command goes on)
     refused: bool = True  # refused: exit != 0, nothing changed; else exit 0, the note, only `writes` changed
-    setup: object = None  # (t, plans, the session's cache) -> None, before the hashes
+    setup: object = None  # (t, plans, the test run's shared cache) -> None, before the hashes
     env: dict = field(default_factory=dict)
     cwd: str = ROOT
     writes: tuple = ()  # what the command was asked to write, under the world

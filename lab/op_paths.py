@@ -1,0 +1,74 @@
+"""
+What each path of our op streams, against SDPA, for every group size the decode variants have: one
+KV head's group of 1 (MHA) to 16 (MQA) query heads, 6 layers at 16K positions, head dim 32, in bf16
+and float32, over copies of the caches used in turn so that they come from memory, not the last-level
+cache (docs/benchmarks.md: our op's paths).
+
+    python lab/op_paths.py               # about a minute on 2 cores, after our op is built
+    python lab/op_paths.py --head_dim=64
+"""
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import torch  # noqa: E402
+
+from nanovha.config import at_least, flat_defaults, settings  # noqa: E402
+from nanovha.engine import kernel as our_op  # noqa: E402
+from nanovha.engine.attention import PagedKV, static_attention  # noqa: E402
+from nanovha.figures import copy_bandwidth  # noqa: E402
+from nanovha.hardware import cpu_kind  # noqa: E402
+
+context = 16384
+head_dim = 32
+layers = 6
+query_heads = 16
+memory_gb = 1.2  # the copies of the caches together: more than a last-level cache holds
+calls = 12
+config = settings(flat_defaults(globals()), sys.argv[1:],
+                  limits={k: at_least(1) for k in ("context", "head_dim", "layers", "query_heads", "calls")})
+globals().update(config)
+
+
+def main():
+    if not our_op.load():
+        sys.exit(f"error: {our_op.why_not()}")
+    bw = copy_bandwidth("cpu")
+    print(f"{cpu_kind()}; torch {torch.__version__}, {torch.get_num_threads()} threads; copy bandwidth "
+          f"{bw / 1e9:.1f} GB/s; {layers} layers at context {context}, head dim {head_dim}")
+    print("dtype     KV heads group   ours ms   GB/s of copy   SDPA ms   GB/s")
+    for dtype in (torch.bfloat16, torch.float32):
+        for group in (1, 2, 4, 8, 16):
+            heads = query_heads // group
+            dims = [(heads, head_dim, head_dim)] * layers
+            nbytes = 2 * layers * heads * context * head_dim * dtype.itemsize
+            n_copies = max(2, int(memory_gb * 1e9 // nbytes))
+            copies = [PagedKV()(1, context, dims, dtype, torch.device("cpu")) for _ in range(n_copies)]
+            for k, v in (kv for caches in copies for kv in caches):
+                k.normal_()
+                v.normal_()
+            q, pos = torch.randn(1, heads, group, head_dim).to(dtype), torch.tensor([context - 1])
+            ms = {kernel: timed(copies, q, pos, kernel) * 1e3 for kernel in ("nanovha", "sdpa")}
+            gb = {kernel: nbytes / s / 1e6 for kernel, s in ms.items()}
+            print(f"{str(dtype)[6:]:<9} {heads:>8} {group:>5}  {ms['nanovha']:8.2f} {gb['nanovha']:6.1f} "
+                  f"{gb['nanovha'] * 1e9 / bw:7.0%}  {ms['sdpa']:8.2f} {gb['sdpa']:6.1f}", flush=True)
+
+
+def timed(copies, q, pos, kernel):
+    """The median seconds of one token's attention over every layer, each call on the next copy."""
+    seconds = []
+    for i in range(calls + 2):
+        caches = copies[i % len(copies)]
+        t0 = time.perf_counter()
+        for k, v in caches:
+            static_attention(q, k, v, pos, kernel)
+        seconds.append(time.perf_counter() - t0)
+    return statistics.median(seconds[2:])
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        main()
