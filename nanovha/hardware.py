@@ -64,7 +64,7 @@ def cpu_features():
 def choose_dtype(device_type, dtype):
     """-> (dtype, one line saying why), by rule where nothing is timed. On CUDA "auto" is bf16 autocast where
     supported, else float16 (+ GradScaler); float32 elsewhere (a CPU's "auto" is timed:
-    nanovha/engine/plan.py). An explicit bf16 on a CPU without it is kept, and the line is a warning
+    nanovha/timing.py, train_plan). An explicit bf16 on a CPU without it is kept, and the line is a warning
     (starts with "warning:") that it is emulated."""
     if device_type == "cuda":
         bf16 = torch.cuda.is_bf16_supported()

@@ -106,6 +106,14 @@ def kernel_record(record):
     return setup
 
 
+def garbage_library(t, plans, shared):
+    """The kernel library built for this CPU, copied into {t}/cache with its .so replaced by garbage."""
+    from nanovha.engine import kernel
+    kernel_record(lambda r: r)(t, plans, shared)
+    [folder] = (t / "cache" / "kernels").iterdir()
+    (folder / (kernel.NAME + ".so")).write_bytes(b"not a library")
+
+
 @dataclass
 class Case:
     command: str
@@ -118,6 +126,7 @@ class Case:
     writes: tuple = ()  # what the command was asked to write, under the world
     read_only: str = ""  # a path (under {t}) mounted read-only and empty for the command
     stdout: bool = False  # the line is on stdout (a command that goes on and says what it runs)
+    slow: bool = False  # builds our op (about 15 s on 2 cores)
 
 
 GOES_ON = dict(refused=False)
@@ -158,6 +167,12 @@ CASES = {
     "a kernel record [1], no compiler": Case(
         "sample.py", [*SAMPLE, "--compile=False", "--compile_cache={t}/plans"], "no working C++ compiler here",
         setup=kernel_record([1]), env={"CXX": "/nonexistent", "NANOVHA_CACHE": "{t}/cache"}, **GOES_ON),
+    "a kernel record [1], a compiler: built again": Case(
+        "sample.py", [*SAMPLE, "--compile=False", "--compile_cache={t}/plans"], "built in",
+        setup=kernel_record([1]), env={"NANOVHA_CACHE": "{t}/cache"}, slow=True, **GOES_ON),
+    "a kernel library that does not load, a compiler: built again": Case(
+        "sample.py", [*SAMPLE, "--compile=False", "--compile_cache={t}/plans"], "does not load", setup=garbage_library,
+        env={"NANOVHA_CACHE": "{t}/cache"}, slow=True, **GOES_ON),
     "a kernel record for instruction sets this CPU lacks, no compiler": Case(
         "sample.py", [*SAMPLE, "--compile=False", "--compile_cache={t}/plans"],
         "which this CPU lacks (install a C++ compiler to build it again, or remove the folder)",
@@ -230,7 +245,8 @@ def hang_processes(t):
     return subprocess.run(["pgrep", "-f", str(t / "cxx")], capture_output=True, text=True).stdout.split()
 
 
-@pytest.mark.parametrize("name", CASES, ids=list(CASES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if c.slow else n for n, c in CASES.items()],
+                         ids=list(CASES))
 def test_nothing_lost(world, plans, tmp_path, compile_cache, name):
     case = CASES[name]
     t = tmp_path / "t"
