@@ -157,7 +157,8 @@ def test_fold_plans_and_sample_follows_the_plan_with_the_same_text(char_data, tm
     assert "folded into plain GQA" in trained.stderr
     assert "by fold.py" in folded.stderr or "provisional" in report  # fold.py's plan, unless made on a busy machine
     assert plan_of(folded) == plan_of(trained) and text(folded) == text(trained)  # the same model, the same plan
-    assert len(text(folded).strip()) > len("ROMEO:") + 10 and packages() == built
+    # nothing built, unless fold.py planned on a busy machine (only the safe package) and a quiet sample picks ours
+    assert len(text(folded).strip()) > len("ROMEO:") + 10 and (packages() == built or "provisional" in report)
     fp32 = [*sample, "--ckpt_name=ckpt_folded.pt", "--dtype=float32"]
     compiled, eager = run(*fp32, "--compile=True", env=env), run(*fp32, "--compile=False", env=env)
     assert "plan: compiled float32" in compiled.stderr and "plan: eager float32" in eager.stderr
