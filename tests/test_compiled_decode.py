@@ -147,7 +147,7 @@ def test_fold_plans_and_sample_follows_the_plan_with_the_same_text(char_data, tm
     built = packages()
     assert len(built) == (2 if cpu_bf16_support()[0] else 1)  # float32, and bf16 where native
     sample = ["sample.py", f"--out_dir={tmp_path}", "--temperature=0", "--start=ROMEO:", "--num_samples=1",
-              "--max_new_tokens=500"]  # fold.py's plan is timed for 500 new tokens: the same job (contexts 16-512)
+              "--max_new_tokens=500", "--verbose=True"]  # fold.py's plan is timed for 500 new tokens: the same job (contexts 16-512)
     text = lambda proc: proc.stdout.split("\n---------------")[0]  # the prompt and 500 tokens, before the timing line
     plan_line = lambda proc: next(line for line in proc.stderr.splitlines() if line.startswith("plan: "))
     # "plan: compiled bfloat16, attention nanovha, 0.2 ms/token (...)" -> the choice, without its timing
@@ -156,7 +156,11 @@ def test_fold_plans_and_sample_follows_the_plan_with_the_same_text(char_data, tm
     folded, trained = run(*sample, "--ckpt_name=ckpt_folded.pt", env=env), run(*sample, env=env)
     assert "folded into plain GQA" in trained.stderr
     assert "by fold.py" in folded.stderr or "provisional" in report  # fold.py's plan, unless made on a busy machine
-    assert plan_of(folded) == plan_of(trained) and text(folded) == text(trained)  # the same model, the same plan
+    # a plan made on a busy machine is measured again by each later run, which may choose otherwise
+    settled = not any("provisional" in s.lower() for s in (report, folded.stderr, trained.stderr))
+    assert plan_of(folded) == plan_of(trained) or not settled  # the same model, the same plan
+    if plan_of(folded)[0] == plan_of(trained)[0]:  # the same runtime and dtype: the same greedy text
+        assert text(folded) == text(trained)
     # nothing built, unless fold.py planned on a busy machine (only the safe package) and a quiet sample picks ours
     assert len(text(folded).strip()) > len("ROMEO:") + 10 and (packages() == built or "provisional" in report)
     fp32 = [*sample, "--ckpt_name=ckpt_folded.pt", "--dtype=float32"]
