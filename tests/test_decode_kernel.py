@@ -29,10 +29,10 @@ def reference(q, k, v, pos, scale):
 
 # (B, H_kv, G, D, D_v, T, pos, dtype, tolerance relative to the largest output): the compiled-in shapes (groups of
 # 1/2/4/8/16, rows of 16-128 and MLA's 144), the scalar path (any other shape, float16 and float64), chunks merged
-# (T past 512), a last block cut short of 16 rows, and a position far short of the cache. Tolerances 5x the worst
-# seen over 5 seeds and 1 and 4 threads (float32 3.7e-6, float16 3.4e-4, bf16 3.0e-3): a seed's rounding cannot fail
-# them, a wrong index or a lost chunk does.
-F32, F16, BF16 = 2e-5, 2e-3, 1.5e-2
+# (T past 512), a last block cut short of 16 rows, and a position far short of the cache. Tolerances about 5x the
+# worst seen over 5 seeds and 1 and 4 threads (float32 3.7e-6, float16 3.4e-4, bf16 4.3e-3 with the AMX path's
+# weights in bf16): a seed's rounding cannot fail them, a wrong index or a lost chunk does.
+F32, F16, BF16 = 2e-5, 2e-3, 2e-2
 CASES = {
     "gqa2_float64": (1, 2, 8, 32, 32, 700, 699, torch.float64, 1e-13),
     "odd_shape_float64": (2, 3, 5, 24, 20, 600, 333, torch.float64, 1e-13),
@@ -53,7 +53,9 @@ CASES = {
     "mha_bf16_rows": (1, 16, 1, 32, 32, 1500, 1499, torch.bfloat16, BF16),
     "mha_float32_rows": (1, 4, 1, 64, 64, 777, 770, torch.float32, F32),  # a last block of 3 rows
     "gqa8_float32_rows": (2, 2, 2, 128, 128, 650, 640, torch.float32, F32),
-    "group4_bf16_rows": (1, 2, 4, 16, 16, 300, 299, torch.bfloat16, BF16),
+    "group4_d16_bf16": (1, 2, 4, 16, 16, 300, 299, torch.bfloat16, BF16),
+    "group8_d128_odd_bf16": (1, 2, 8, 128, 128, 900, 870, torch.bfloat16, BF16),  # a last block of 39 rows
+    "group4_d64_bf16": (2, 2, 4, 64, 64, 1030, 1028, torch.bfloat16, BF16),
     "mla_latent_bf16": (1, 1, 16, 144, 144, 1000, 998, torch.bfloat16, BF16),  # [c_kv ; k_R]: 128 + 16
 }
 
@@ -132,13 +134,14 @@ def test_the_plan_times_both_kernels_and_keeps_the_choice(tmp_path, monkeypatch,
     (and is not settled: no new package is built for it), and the choice is read back without timing again."""
     import time
     real = plan.attention_calls
-    pause = {k: 0.04 if faster and k != faster else 0.02 for k in ("sdpa", "nanovha")}  # the calls: ~0.1 ms apart
+    # the real calls are ~0.1 ms apart: a tie within the margin, whatever a busy machine adds to a sleep
+    pause = {k: 0.2 if faster and k != faster else 0.1 for k in ("sdpa", "nanovha")}
 
     def calls(model, ctx):  # the real calls, each made slower by its kernel's pause
         fns = real(model, ctx)
         return {k: (lambda k=k: (fns[k](), time.sleep(pause[k]))) for k in fns}
     monkeypatch.setattr(plan, "attention_calls", calls)
-    monkeypatch.setattr(timing, "MIN_S", 0.02)
+    monkeypatch.setattr(timing, "MIN_S", 0.1)
     monkeypatch.setattr(timing, "others_busy", lambda read=None: (lambda: 0.0))  # quiet, whatever runs beside
     model = make(dtype=torch.float32, n_head=8, n_kv_head=2)
     choice = plan.choose_attention(model, (16, 64), str(tmp_path))

@@ -33,7 +33,7 @@ def q_k_v(B=1, H=2, G=4, D=32, T=64, DV=32, dtype=torch.float32):
 
 
 q, k, v = q_k_v()
-REFUSED = {  # (q, k, v, pos) -> what the message names
+REFUSED = {  # (q, k, v, pos[, scale]) -> what the message names
     "ungrouped_q": ((torch.randn(1, 4, 4, 32), k, v, 5), "share B and the KV heads H"),
     "another_batch": ((torch.randn(2, 2, 4, 32), k, v, 5), "share B and the KV heads H"),
     "v_of_other_heads": ((q, k, torch.randn(1, 1, 64, 32), 5), "share B and the KV heads H"),
@@ -50,17 +50,20 @@ REFUSED = {  # (q, k, v, pos) -> what the message names
     "three_dims": ((q[0], k, v, 5), "are 4-D"),
     "rows_not_contiguous": ((q, k.transpose(2, 3).contiguous().transpose(2, 3)[:, :, :32], v[:, :, :32], 5),
                             "rows (last dimension) must be contiguous"),
+    "zero_scale": ((q, k, v, 5, 0.0), "scale must be positive and finite, got 0"),
+    "negative_scale": ((q, k, v, 5, -0.1), "scale must be positive and finite, got -0.1"),
+    "nan_scale": ((q, k, v, 5, float("nan")), "scale must be positive and finite, got nan"),
 }
 
 
 @pytest.mark.parametrize("case", REFUSED.values(), ids=REFUSED.keys())
 def test_every_bad_input_is_refused_naming_the_shapes(built, case):
-    (q, k, v, pos), message = case
+    (q, k, v, pos, *scale), message = case
     pos = pos if isinstance(pos, torch.Tensor) else torch.tensor([pos])
     with pytest.raises(RuntimeError) as e:
-        torch.ops.nanovha.decode_attention(q, k, v, pos, 0.1)
+        torch.ops.nanovha.decode_attention(q, k, v, pos, *(scale or [0.1]))
     first = str(e.value).splitlines()[0]
-    assert message in first and ("got q [" in first or "pos must be" in first), first
+    assert message in first and ("got q [" in first or "must be" in first), first
 
 
 def test_our_op_and_sdpa_decode_the_same_tokens(built):

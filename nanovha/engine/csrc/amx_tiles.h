@@ -1,4 +1,18 @@
 // The AMX path of decode_attention.cpp, compiled where this CPU has AMX tiles and AVX512_BF16.
+//
+// bf16 on a CPU with AMX (Sapphire Rapids and later), up to 16 query heads per KV head (fewer are
+// padded with heads of zeros): both products on the tile unit, every tile 16 rows of 64 bytes.
+//   scores, 16 positions at a time: C (positions x heads) += the K rows (positions x 32 of d, copied:
+//     copy_keys) times q's pairs (16 pair-rows x heads), for each 32 of d; then turned over (turn16)
+//     into a row per head, so that the softmax runs over positions, 16 to a vector
+//   values, 32 positions at a time: C (heads x 16 of d_v) += p (heads x 32 positions, bf16 pairs)
+//     times the value rows interleaved in pairs (16 pair-rows x 16 of d_v: value_pairs)
+// Tiles: scores 0..3 (a group of 16 positions each), q in 4, the keys in 5..7; values 0 and 1 (two
+// slices of d_v), the weights in 4 and 7 (32 positions each), the value pairs in 2, 3, 5, 6. No tile is
+// loaded again while a product may still read it, so the products overlap.
+// The weights p are rounded to bf16 for their product, as PyTorch's flash kernel rounds them; the
+// scores are exact products summed in float. The cache is read by vector loads (many in flight, where
+// a tile load from memory is not), prefetched well ahead into L2 and just ahead into L1.
 #pragma once
 
 #include <immintrin.h>
@@ -16,15 +30,154 @@
 
 namespace nanovha {
 
-// bf16 on a CPU with AMX (Sapphire Rapids and later), up to 16 query heads per KV head (fewer are
-// padded with heads of zeros): both products on the tile unit, every tile 16 rows of 64 bytes.
-//   scores, 16 positions at a time: C (positions x heads) += K rows (positions x 32 of d, read in
-//     place) times q's pairs (16 pair-rows x heads)
-//   values, 32 positions at a time: C (heads x 16 of d_v) += p (heads x 32 positions: the block's
-//     weights turned over) times the value rows interleaved in pairs (16 pair-rows x 16 of d_v)
-// Tiles: 0 the sums, 1 the left operand, 2..5 q, 6 the value pairs. The softmax between the two
-// products is the vector one of decode_common.h; p is rounded to bf16 for its product, as
-// PyTorch's flash kernel rounds it.
+constexpr int64_t kAhead = 512;  // rows a prefetch into L2 runs ahead of the row read
+constexpr int64_t kNear = 64;  // and one into L1
+
+// (q[g][d], q[g][d + 1]) of qT (D, G) floats as a bf16 pair, zero past D: exact, as q came from bf16
+inline int32_t bf16_pair(const float* qT, int G, int g, int d, int D) {
+  uint32_t lo, hi = 0;
+  std::memcpy(&lo, qT + d * G + g, 4);
+  if (d + 1 < D) {
+    std::memcpy(&hi, qT + (d + 1) * G + g, 4);
+  }
+  return static_cast<int32_t>((lo >> 16) | (hi & 0xffff0000u));
+}
+
+// 16 K rows from `row` (stride ks), 32 of d from column 32 kk, copied to `to`: zeros past D and for the
+// rows from n on, which are not read
+template <int D>
+inline void copy_keys(const c10::BFloat16* row, int64_t ks, int64_t n, int64_t ahead, int kk,
+                      c10::BFloat16 (*to)[32]) {
+  const int width = std::min(32, D - 32 * kk);
+  const __mmask32 cols = width == 32 ? ~0u : (1u << width) - 1;
+  for (int u = 0; u < 16; ++u) {
+    const c10::BFloat16* k = row + u * ks + 32 * kk;
+    if (u < ahead) {
+      __builtin_prefetch(k + kAhead * ks, 0, 1);
+      __builtin_prefetch(k + kNear * ks, 0, 3);
+    }
+    _mm512_store_si512(to[u], u < n ? _mm512_maskz_loadu_epi16(cols, k) : _mm512_setzero_si512());
+  }
+}
+
+// 16 registers of 16 int32, r[i][j] -> r[j][i]: the off-diagonal blocks of size s swapped, s = 8, 4,
+// 2, 1. Only the first N rows of the result (N a power of two) are made: stage s needs rows < max(N, s)
+template <int N = 16>
+inline void turn16(__m512i* r) {
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  for (int s = 8; s >= 1; s /= 2) {
+    const int rows = std::max(N, s);
+    const __mmask16 upper = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(s));  // lanes j with bit s
+    // row i keeps its lanes without bit s and takes row i+s's lanes below; row i+s the reverse
+    const __m512i lo = _mm512_mask_add_epi32(lane, upper, lane, _mm512_set1_epi32(16 - s));
+    const __m512i hi = _mm512_mask_add_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(s)), upper, lane,
+                                             _mm512_set1_epi32(16));
+    for (int i = 0; i < rows; ++i) {
+      if (i & s) continue;
+      const __m512i a = r[i], b = r[i + s];
+      r[i] = _mm512_permutex2var_epi32(a, lo, b);
+      if (i + s < rows) {
+        r[i + s] = _mm512_permutex2var_epi32(a, hi, b);
+      }
+    }
+  }
+}
+
+// 2^t for finite t <= 0, to 7.5e-5 relative: below the bf16 rounding (4e-3) the weights get for their
+// product. 2^n 2^f with n = round(t), |f| <= 1/2, and 2^f by the cubic of least relative error there
+inline __m512 exp2_weights(__m512 t) {
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 e = _mm512_fmadd_ps(f, _mm512_set1_ps(5.517109e-2f), _mm512_set1_ps(2.4260999e-1f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.9326097e-1f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.9992814e-1f));
+  return _mm512_scalef_ps(e, n);
+}
+
+// The online softmax of heads g < G over a block of nb raw scores s[g][0..nb) (q . k, before the
+// scale > 0), whose largest are `most`; lane g of m, l and most is head g's:
+//   m' = max(m, most),  p = e^(scale (s - m')),  l = l e^(scale (m - m')) + sum p
+// each head's accumulator row (NV registers) scaled by e^(scale (m - m')), and its weights written as
+// bf16 pairs of positions (p_2i, p_2i+1) in p[g] (zeros past nb). m stays in raw units.
+template <int G, int NV, int PS>
+inline void softmax_heads(const float (*s)[kBlock], const V16& most, float scale, int32_t (*p)[kBlock / 2],
+                          float (*acc)[PS], V16& m, V16& l, int64_t nb) {
+  __mmask16 valid[kBlock / 16];  // the positions of each 16 that are before nb
+  for (int v = 0; v < kBlock / 16; ++v) {
+    const int64_t n = std::clamp<int64_t>(nb - 16 * v, 0, 16);
+    valid[v] = static_cast<__mmask16>((1u << n) - 1);
+  }
+  alignas(64) V16 part[16];  // head g's sums of weights, lane by lane
+  const V16 m_old = m;
+  m = m_old > most ? m_old : most;
+  const V16 alpha = Lanes<16>::exp_le0((m_old - m) * scale);
+  const float to2 = scale * 1.44269504f;  // e^(scale x) = 2^(to2 x)
+  const __m512 by = _mm512_set1_ps(to2);
+  const bool full = nb == kBlock;
+  for (int g = 0; g < 16; ++g) {
+    __m512 sum = _mm512_setzero_ps();
+    const __m512 top = _mm512_set1_ps(m[g] * to2);
+    for (int h = 0; g < G && h < kBlock / 32; ++h) {  // 32 weights -> 16 bf16 pairs; none past nb
+      __m512 lo = exp2_weights(_mm512_fmsub_ps(_mm512_load_ps(&s[g][32 * h]), by, top));
+      __m512 hi = exp2_weights(_mm512_fmsub_ps(_mm512_load_ps(&s[g][32 * h + 16]), by, top));
+      if (!full) {
+        lo = _mm512_maskz_mov_ps(valid[2 * h], lo);
+        hi = _mm512_maskz_mov_ps(valid[2 * h + 1], hi);
+      }
+      sum = _mm512_add_ps(sum, _mm512_add_ps(lo, hi));
+      _mm512_store_si512(&p[g][16 * h], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+    part[g] = (V16)sum;
+  }
+  l = l * alpha + sum16(part);
+  for (int g = 0; g < G; ++g) {
+    for (int e = 0; e < NV && alpha[g] != 1.0f; ++e) {  // most blocks leave most heads' maxima as they were
+      const __m512 scaled = _mm512_mul_ps(_mm512_load_ps(&acc[g][16 * e]), _mm512_set1_ps(alpha[g]));
+      _mm512_store_ps(&acc[g][16 * e], scaled);
+    }
+  }
+}
+
+// The value rows of positions 2i and 2i+1 of a block (rows past nb read as zeros) interleaved, 16 of
+// d_v to a register: vp[i / 16][e][i % 16] holds (v_2i[16 e + x], v_2i+1[16 e + x]) for x = 0..15
+template <int DV>
+inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t ahead,
+                        __m512i (*vp)[(DV + 15) / 16][16]) {
+  constexpr int NV = (DV + 15) / 16;
+  alignas(64) static const int16_t order[64] = {  // a, b -> (a_e, b_e) for e = 0..15, then 16..31
+      0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+      11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53,
+      22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i low_pairs = _mm512_load_si512(order), high_pairs = _mm512_load_si512(order + 32);
+  for (int64_t i = (nb + 1) / 2; i < (nb + 31) / 32 * 16; ++i) {  // pairs past nb, to the end of their 32
+    for (int e = 0; e < NV; ++e) {
+      vp[i / 16][e][i % 16] = _mm512_setzero_si512();
+    }
+  }
+  for (int64_t i = 0; i < (nb + 1) / 2; ++i) {
+    const c10::BFloat16* v0 = v + 2 * i * vs;
+    const c10::BFloat16* v1 = v0 + vs;
+    if (2 * i + 1 < ahead) {
+      for (int x = 0; x < DV; x += 32) {  // each 64 bytes of both rows
+        __builtin_prefetch(v0 + kAhead * vs + x, 0, 1);
+        __builtin_prefetch(v1 + kAhead * vs + x, 0, 1);
+        __builtin_prefetch(v0 + kNear * vs + x, 0, 3);
+        __builtin_prefetch(v1 + kNear * vs + x, 0, 3);
+      }
+    }
+    for (int e = 0; e < NV; e += 2) {
+      const int width = std::min(32, DV - 16 * e);
+      const __mmask32 cols = width == 32 ? ~0u : (1u << width) - 1;
+      const __m512i a = _mm512_maskz_loadu_epi16(cols, v0 + 16 * e);
+      const __m512i b = 2 * i + 1 < nb ? _mm512_maskz_loadu_epi16(cols, v1 + 16 * e) : _mm512_setzero_si512();
+      vp[i / 16][e][i % 16] = _mm512_permutex2var_epi16(a, low_pairs, b);
+      if (e + 1 < NV) {
+        vp[i / 16][e + 1][i % 16] = _mm512_permutex2var_epi16(a, high_pairs, b);
+      }
+    }
+  }
+}
+
 constexpr int kAmxHeads = 16;
 
 struct alignas(64) TileConfig {
@@ -40,132 +193,101 @@ inline bool amx_allowed() {  // Linux lends the tile registers to a process that
   return ok;
 }
 
-template <int D>
-inline void load_q_tiles(const int32_t (*qb)[16][16]) {
-  _tile_loadd(2, qb[0], 64);
-  if constexpr (D > 32) _tile_loadd(3, qb[1], 64);
-  if constexpr (D > 64) _tile_loadd(4, qb[2], 64);
-  if constexpr (D > 96) _tile_loadd(5, qb[3], 64);
-}
-
-// 16 rows of K (row stride ks) at column 32 kk, times q's tile kk, into tile 0
-template <int D>
-inline void score_tiles(const c10::BFloat16* k, int64_t ks) {
-  _tile_loadd(1, k, ks * 2);
-  _tile_dpbf16ps(0, 1, 2);
-  if constexpr (D > 32) {
-    _tile_loadd(1, k + 32, ks * 2);
-    _tile_dpbf16ps(0, 1, 3);
-  }
-  if constexpr (D > 64) {
-    _tile_loadd(1, k + 64, ks * 2);
-    _tile_dpbf16ps(0, 1, 4);
-  }
-  if constexpr (D > 96) {
-    _tile_loadd(1, k + 96, ks * 2);
-    _tile_dpbf16ps(0, 1, 5);
-  }
-}
-
 template <int G, int D, int DV>
 void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
-  using VG = typename Lanes<kAmxHeads>::f;
-  constexpr int NV = DV / 16;
+  constexpr int NK = (D + 31) / 32;
+  constexpr int NV = (DV + 15) / 16;
+  static_assert(G <= kAmxHeads, "heads in a tile's 16 rows");
   static const TileConfig config;
-  alignas(64) int32_t qb[D / 32][16][16];  // [kk][pair r][head]: (q[g][32kk + 2r], q[g][32kk + 2r + 1])
-  alignas(64) c10::BFloat16 kpad[16 * D] = {};  // a block's last rows past t1, zero-padded
-  alignas(64) VG s[kBlock];  // scores, then weights: s[j][g]
-  alignas(64) int32_t pairs[16][16];  // [pair i][head]: (p[2i][g], p[2i+1][g]), before turning over
-  alignas(64) int32_t pt[2][16][16];  // [half][head][pair i]: the weights as the left operand
-  alignas(64) __m512i vp[2][NV][16];  // [half][slice][pair i]: (v_2i[e], v_2i+1[e]) for 16 e
-  alignas(64) float acc[kAmxHeads][DV] = {};
-  for (int kk = 0; kk < D / 32; ++kk) {
-    for (int r = 0; r < 16; ++r) {
-      for (int g = 0; g < kAmxHeads; ++g) {  // heads past G: zeros (their lanes are computed, not kept)
-        uint32_t lo = 0, hi = 0;
-        if (g < G) {
-          std::memcpy(&lo, c.qT + (32 * kk + 2 * r) * G + g, 4);
-          std::memcpy(&hi, c.qT + (32 * kk + 2 * r + 1) * G + g, 4);
-        }
-        qb[kk][r][g] = static_cast<int32_t>((lo >> 16) | (hi & 0xffff0000u));  // exact: q came from bf16
-      }
+  alignas(64) int32_t qb[NK][16][kAmxHeads] = {};  // [piece kk][pair i][head g]: q[g][32 kk + 2i], its next
+  alignas(64) c10::BFloat16 kc[kBlock / 16][16][32];  // 16 K rows' piece, copied: zeros past nb and D
+  alignas(64) __m512i st[kBlock / 16][16];  // the scores of 16 positions x 16 heads, then turned over
+  alignas(64) float s[kAmxHeads][kBlock];  // scores, then weights, one row per head
+  alignas(64) int32_t p[kAmxHeads][kBlock / 2] = {};  // weights as bf16 pairs; heads past G stay zero
+  alignas(64) __m512i vp[kBlock / 32][NV][16];
+  alignas(64) float acc[kAmxHeads][NV * 16] = {};
+  V16 m = V16{} - std::numeric_limits<float>::infinity(), l = {};  // lane g: head g's
+  for (int g = 0; g < G; ++g) {
+    for (int i = 0; 2 * i < D; ++i) {
+      qb[i / 16][i % 16][g] = bf16_pair(c.qT, G, g, 2 * i, D);
     }
   }
-  alignas(64) int16_t order[32];  // 0, 16, 1, 17, ...: interleaves the halves of a register
-  for (int e = 0; e < 16; ++e) {
-    order[2 * e] = e;
-    order[2 * e + 1] = 16 + e;
-  }
-  const __m512i interleave = _mm512_load_si512(order);
-  const c10::BFloat16 zero_row[DV] = {};
   _tile_loadconfig(&config);
-  load_q_tiles<D>(qb);
-  VG m = VG{} - std::numeric_limits<float>::infinity();
-  VG l = {};
   for (int64_t b0 = c.t0; b0 < c.t1; b0 += kBlock) {
-    const int64_t nb = std::min(kBlock, c.t1 - b0);
-    prefetch_block(c, b0 + kBlock);
-    for (int64_t j = 0; j < nb; j += 16) {  // scores of 16 positions
-      const c10::BFloat16* rows = c.k + (b0 + j) * c.ks;
-      int64_t stride = c.ks;
-      if (j + 16 > nb) {  // the last rows: copied, so no read passes t1
-        std::fill(kpad, kpad + 16 * D, c10::BFloat16(0));
-        for (int64_t u = 0; u < nb - j; ++u) {
-          std::memcpy(kpad + u * D, rows + u * c.ks, D * 2);
+    const int64_t nb = std::min(kBlock, c.t1 - b0), ahead = c.t1 - kAhead - b0;
+    const int groups = static_cast<int>((nb + 15) / 16), halves = static_cast<int>((nb + 31) / 32);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int kk = 0; kk < NK; ++kk) {  // s^T[16 j + x, g] += k_(16 j + x) . q[g], 32 of d at a time
+      for (int j = 0; j < groups; ++j) {
+        copy_keys<D>(c.k + (b0 + 16 * j) * c.ks, c.ks, nb - 16 * j, ahead - 16 * j, kk, kc[j]);
+      }
+      _tile_loadd(4, qb[kk], 64);
+      _tile_loadd(5, kc[0], 64);  // each group of 16 keys in a tile of its own (7, then 5 again for the last)
+      _tile_dpbf16ps(0, 5, 4);
+      if (groups > 1) {
+        _tile_loadd(6, kc[1], 64);
+        _tile_dpbf16ps(1, 6, 4);
+      }
+      if (groups > 2) {
+        _tile_loadd(7, kc[2], 64);
+        _tile_dpbf16ps(2, 7, 4);
+      }
+      if (groups > 3) {
+        _tile_loadd(5, kc[3], 64);
+        _tile_dpbf16ps(3, 5, 4);
+      }
+    }
+    _tile_stored(0, st[0], 64);
+    _tile_stored(1, st[1], 64);
+    _tile_stored(2, st[2], 64);
+    _tile_stored(3, st[3], 64);
+    V16 most = V16{} - std::numeric_limits<float>::infinity();  // lane g: head g's largest score
+    for (int j = 0; j < groups; ++j) {  // turned over: a row of 16 positions per head
+      for (int64_t u = 0; u < std::min<int64_t>(16, nb - 16 * j); ++u) {
+        const V16 row = (V16)_mm512_castsi512_ps(st[j][u]);
+        most = most > row ? most : row;
+      }
+      turn16<(G > 8 ? 16 : G > 4 ? 8 : G > 2 ? 4 : G > 1 ? 2 : 1)>(st[j]);
+      for (int g = 0; g < G; ++g) {
+        _mm512_store_si512(&s[g][16 * j], st[j][g]);
+      }
+    }
+    softmax_heads<G, NV, NV * 16>(s, most, c.scale, p, acc, m, l, nb);
+    value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, ahead, vp);
+    _tile_loadd(4, &p[0][0], kBlock * 2);  // the weights of positions 0..31 (heads x 16 pairs), then 32..63
+    if (halves > 1) {
+      _tile_loadd(7, &p[0][16], kBlock * 2);
+    }
+    for (int e = 0; e < NV; e += 2) {  // acc[:, 16 e ..] += p times the value pairs, two slices at a time,
+      const bool two = e + 1 < NV;     // each operand in a tile of its own
+      _tile_loadd(0, &acc[0][16 * e], NV * 64);
+      _tile_loadd(2, vp[0][e], 64);
+      _tile_dpbf16ps(0, 4, 2);
+      if (two) {
+        _tile_loadd(1, &acc[0][16 * e + 16], NV * 64);
+        _tile_loadd(3, vp[0][e + 1], 64);
+        _tile_dpbf16ps(1, 4, 3);
+      }
+      if (halves > 1) {
+        _tile_loadd(5, vp[1][e], 64);
+        _tile_dpbf16ps(0, 7, 5);
+        if (two) {
+          _tile_loadd(6, vp[1][e + 1], 64);
+          _tile_dpbf16ps(1, 7, 6);
         }
-        rows = kpad;
-        stride = D;
       }
-      _tile_zero(0);
-      score_tiles<D>(rows, stride);
-      _tile_stored(0, &s[j], 64);
-    }
-    for (int64_t j = 0; j < nb; ++j) {
-      s[j] *= c.scale;
-    }
-    const VG alpha = Lanes<kAmxHeads>::softmax_block(s, nb, m, l);
-    for (int64_t j = nb; j < kBlock; ++j) {  // weights past nb: none
-      s[j] = VG{};
-    }
-    for (int g = 0; g < kAmxHeads; ++g) {
-      for (int e = 0; e < NV; ++e) {
-        _mm512_store_ps(&acc[g][16 * e], _mm512_mul_ps(_mm512_load_ps(&acc[g][16 * e]), _mm512_set1_ps(alpha[g])));
-      }
-    }
-    const int halves = static_cast<int>((nb + 31) / 32);
-    for (int h = 0; h < halves; ++h) {
-      for (int i = 0; i < 16; ++i) {  // weights to bf16 pairs, then turned over: rows are heads
-        const int64_t j = 32 * h + 2 * i;
-        __m512 a, b;
-        std::memcpy(&a, &s[j], 64);
-        std::memcpy(&b, &s[j + 1], 64);
-        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);
-        _mm512_store_si512(pairs[i], _mm512_permutexvar_epi16(interleave, both));
-        const c10::BFloat16* v0 = j < nb ? c.v + (b0 + j) * c.vs : zero_row;
-        const c10::BFloat16* v1 = j + 1 < nb ? c.v + (b0 + j + 1) * c.vs : zero_row;
-        for (int e = 0; e < NV; ++e) {
-          const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + 16 * e));
-          const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v1 + 16 * e));
-          vp[h][e][i] = _mm512_permutexvar_epi16(interleave, _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1));
-        }
-      }
-      for (int g = 0; g < kAmxHeads; ++g) {
-        for (int i = 0; i < 16; ++i) {
-          pt[h][g][i] = pairs[i][g];
-        }
-      }
-      _tile_loadd(1, pt[h], 64);
-      for (int e = 0; e < NV; ++e) {
-        _tile_loadd(0, &acc[0][16 * e], DV * 4);
-        _tile_loadd(6, vp[h][e], 64);
-        _tile_dpbf16ps(0, 1, 6);
-        _tile_stored(0, &acc[0][16 * e], DV * 4);
+      _tile_stored(0, &acc[0][16 * e], NV * 64);
+      if (two) {
+        _tile_stored(1, &acc[0][16 * e + 16], NV * 64);
       }
     }
   }
   _tile_release();
   for (int g = 0; g < G; ++g) {
-    c.m[g] = m[g];
+    c.m[g] = m[g] * c.scale;  // in the units of the scaled scores, as the other paths
     c.l[g] = l[g];
     std::memcpy(c.acc + g * DV, acc[g], DV * sizeof(float));
   }

@@ -11,12 +11,14 @@
 //   m'       = max(m, max_j s[j, :]),    p[j, :] = exp(s[j, :] - m'),   l = l e^(m - m') + sum_j p[j, :]
 //   acc[g]   = acc[g] e^(m - m') + sum_j p[j, g] v_j
 //
-// in float (double for double), with the chunks merged by their (m, l) at the end. Two ways to do
-// the products, chosen at compile time for this CPU (-march=native) and the shape:
+// in float (double for double), with the chunks merged by their (m, l) at the end. Three ways to do
+// the products, chosen at compile time for this CPU (-march=native) and the shape (run_fixed):
 //   - the group as the vector lane (any CPU, float32 or bf16 or fp16 converted to float): G query
 //     heads make one SIMD register per position, and a few heads' accumulators stay in registers over
 //     a block, so the work per byte of cache grows with G without a small matrix product per block;
-//   - bf16 on AMX: both products as tile multiplies (amx_tiles.h), the softmax in vectors.
+//   - lanes along the head dimension, for groups too small to fill the lanes (rows_path.h);
+//   - bf16 on AMX, groups of 4 to 16: both products as tile multiplies (amx_tiles.h), the softmax
+//     in vectors over positions.
 // Shapes without a compiled-in case take a scalar loop (and float64 always: the tests' reference).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -164,8 +166,11 @@ void attend_chunk_any(const Chunk<scalar_t, acc_t>& c) {
 }
 
 // Which path a group takes, by what streamed the cache fastest on the CPUs measured (docs/benchmarks.md:
-// our op's paths): lanes along the head dimension (rows_path.h) up to 4 heads, and 8 in bf16; bf16 groups of
-// more than 8 on AMX where the CPU has it; the group as the lanes otherwise
+// our op's paths): bf16 groups of 4 to 16 on AMX where the CPU has it; lanes along the head dimension
+// (rows_path.h) up to 4 heads, and 8 in bf16; the group as the lanes otherwise
+template <int G>
+constexpr bool kAmx = G >= 4 && G <= 16;
+
 template <typename scalar_t, int G>
 constexpr bool kRows = G <= 4 || (G == 8 && std::is_same_v<scalar_t, c10::BFloat16>);
 
@@ -174,7 +179,7 @@ bool run_fixed(const Chunk<scalar_t, acc_t>& c) {
   if constexpr (std::is_same_v<acc_t, float> && !std::is_same_v<scalar_t, c10::Half>) {  // float16: scalar
     if (c.G == G && c.D == D && c.DV == DV) {
 #ifdef NANOVHA_AMX
-      if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && G > 8 && G <= kAmxHeads && D % 32 == 0 && DV % 16 == 0) {
+      if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && kAmx<G>) {
         if (amx_allowed()) {
           attend_chunk_amx<G, D, DV>(c);
           return true;
@@ -310,6 +315,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
               "nanovha::decode_attention takes float32, float64, bfloat16 or float16", got());
   TORCH_CHECK(pos.numel() == 1 && pos.scalar_type() == at::kLong,
               "nanovha::decode_attention: pos is one int64 position", got());
+  TORCH_CHECK(scale > 0 && std::isfinite(scale), "nanovha::decode_attention: scale must be positive and finite, got ",
+              scale);
   const int64_t p = pos.item<int64_t>();
   TORCH_CHECK(p >= 0 && p < k.size(2), "nanovha::decode_attention: pos must be in [0, T) = [0, ", k.size(2),
               "), got ", p);

@@ -16,8 +16,6 @@
 
 namespace nanovha {
 
-using V16 = Lanes<16>::f;
-
 // 16 consecutive values of a row, as floats (bf16 and fp16 widened, float copied)
 template <typename scalar_t>
 inline V16 load16(const scalar_t* p) {
@@ -43,30 +41,6 @@ inline V16 load16(const scalar_t* p) {
     std::memcpy(&x, f, sizeof(V16));
     return x;
   }
-}
-
-// t[0..15] -> r with r[i] = sum of t[i]'s 16 lanes: four rounds, each adding the lanes it pairs up
-inline V16 sum16(V16* t) {
-  typedef int32_t M __attribute__((vector_size(64)));
-  const M even = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
-  const M odd = even + 1;
-  const M even2 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
-  const M odd2 = even2 + 2;
-  const M even4 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
-  const M odd4 = even4 + 4;
-  const M even8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-  const M odd8 = even8 + 8;
-  V16 a[8], b[4], c[2];
-  for (int i = 0; i < 8; ++i) {  // lane 2m: t[2i] summed over lanes 2m, 2m+1; lane 2m+1: t[2i+1]
-    a[i] = __builtin_shuffle(t[2 * i], t[2 * i + 1], even) + __builtin_shuffle(t[2 * i], t[2 * i + 1], odd);
-  }
-  for (int i = 0; i < 4; ++i) {
-    b[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], even2) + __builtin_shuffle(a[2 * i], a[2 * i + 1], odd2);
-  }
-  for (int i = 0; i < 2; ++i) {
-    c[i] = __builtin_shuffle(b[2 * i], b[2 * i + 1], even4) + __builtin_shuffle(b[2 * i], b[2 * i + 1], odd4);
-  }
-  return __builtin_shuffle(c[0], c[1], even8) + __builtin_shuffle(c[0], c[1], odd8);
 }
 
 // One chunk [t0, t1) of one KV head with G = 1 or 2 query heads, D and DV multiples of 16 ->
