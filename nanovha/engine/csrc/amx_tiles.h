@@ -2,17 +2,19 @@
 //
 // bf16 on a CPU with AMX (Sapphire Rapids and later), up to 16 query heads per KV head (fewer are
 // padded with heads of zeros): both products on the tile unit, every tile 16 rows of 64 bytes.
-//   scores, 16 positions at a time: C (positions x heads) += the K rows (positions x 32 of d, copied:
-//     copy_keys) times q's pairs (16 pair-rows x heads), for each 32 of d; then turned over (turn16)
-//     into a row per head, so that the softmax runs over positions, 16 to a vector
+//   scores, 16 positions at a time: C (positions x heads) += 16 K rows' 32 of d times q's pairs (16
+//     pair-rows x heads), for each 32 of d. Rows of 64 values or more are read by the tile in place;
+//     narrower ones are copied by vector loads first (copy_keys), which stream them faster.
+//   softmax over positions: for up to 8 heads, C turned over (turn16) into a row per head, 16
+//     positions to a vector (softmax_heads); for more, the heads as the lanes (softmax_positions)
 //   values, 32 positions at a time: C (heads x 16 of d_v) += p (heads x 32 positions, bf16 pairs)
 //     times the value rows interleaved in pairs (16 pair-rows x 16 of d_v: value_pairs)
 // Tiles: scores 0..3 (a group of 16 positions each), q in 4, the keys in 5..7; values 0 and 1 (two
 // slices of d_v), the weights in 4 and 7 (32 positions each), the value pairs in 2, 3, 5, 6. No tile is
 // loaded again while a product may still read it, so the products overlap.
 // The weights p are rounded to bf16 for their product, as PyTorch's flash kernel rounds them; the
-// scores are exact products summed in float. The cache is read by vector loads (many in flight, where
-// a tile load from memory is not), prefetched well ahead into L2 and just ahead into L1.
+// scores are exact products summed in float. K and V are prefetched well ahead into L2 and just ahead
+// into L1.
 #pragma once
 
 #include <immintrin.h>
@@ -45,6 +47,14 @@ inline int32_t bf16_pair(const float* qT, int G, int g, int d, int D) {
 
 // 16 K rows from `row` (stride ks), 32 of d from column 32 kk, copied to `to`: zeros past D and for the
 // rows from n on, which are not read
+template <int D>
+inline void prefetch_keys(const c10::BFloat16* row, int64_t ks, int64_t ahead, int kk) {
+  for (int u = 0; u < std::min<int64_t>(16, ahead); ++u) {
+    __builtin_prefetch(row + (u + kAhead) * ks + 32 * kk, 0, 1);
+    __builtin_prefetch(row + (u + kNear) * ks + 32 * kk, 0, 3);
+  }
+}
+
 template <int D>
 inline void copy_keys(const c10::BFloat16* row, int64_t ks, int64_t n, int64_t ahead, int kk,
                       c10::BFloat16 (*to)[32]) {
@@ -138,6 +148,50 @@ inline void softmax_heads(const float (*s)[kBlock], const V16& most, float scale
   }
 }
 
+// The same softmax with the heads as the lanes, for groups of more than 8, where a row per head costs
+// more than it saves: st[j][u] holds the raw scores of position 16 j + u, a lane per head. The weights
+// of positions 2i and 2i+1 are interleaved into bf16 pairs, a row per pair, and each 16 rows (32
+// positions) turned over into a row per head, p[g]; rows of heads past G are not kept.
+template <int G, int NV, int PS>
+inline void softmax_positions(const __m512i (*st)[16], const V16& most, float scale, int32_t (*p)[kBlock / 2],
+                              float (*acc)[PS], V16& m, V16& l, int64_t nb) {
+  alignas(64) static const int16_t order[32] = {  // (w_2i[g], w_2i+1[g]) for g = 0..15
+      0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30,
+      15, 31};
+  const __m512i pairs_of_heads = _mm512_load_si512(order);
+  const V16 m_old = m;
+  m = m_old > most ? m_old : most;
+  const V16 alpha = Lanes<16>::exp_le0((m_old - m) * scale);
+  const float to2 = scale * 1.44269504f;  // e^(scale x) = 2^(to2 x)
+  const __m512 by = _mm512_set1_ps(to2), top = _mm512_mul_ps((__m512)m, by);
+  const auto weights = [&](int64_t t) {  // position t's weights, a lane per head; none past nb
+    if (t >= nb) {
+      return _mm512_setzero_ps();
+    }
+    return exp2_weights(_mm512_fmsub_ps(_mm512_castsi512_ps(st[t / 16][t % 16]), by, top));
+  };
+  __m512 sum = _mm512_setzero_ps();
+  for (int h = 0; 32 * h < nb; ++h) {
+    __m512i pairs[16];
+    for (int i = 0; i < 16; ++i) {
+      const __m512 w0 = weights(32 * h + 2 * i), w1 = weights(32 * h + 2 * i + 1);
+      sum = _mm512_add_ps(sum, _mm512_add_ps(w0, w1));
+      pairs[i] = _mm512_permutexvar_epi16(pairs_of_heads, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+    }
+    turn16<16>(pairs);
+    for (int g = 0; g < G; ++g) {
+      _mm512_store_si512(&p[g][16 * h], pairs[g]);
+    }
+  }
+  l = l * alpha + (V16)sum;
+  for (int g = 0; g < G; ++g) {
+    for (int e = 0; e < NV && alpha[g] != 1.0f; ++e) {
+      const __m512 scaled = _mm512_mul_ps(_mm512_load_ps(&acc[g][16 * e]), _mm512_set1_ps(alpha[g]));
+      _mm512_store_ps(&acc[g][16 * e], scaled);
+    }
+  }
+}
+
 // The value rows of positions 2i and 2i+1 of a block (rows past nb read as zeros) interleaved, 16 of
 // d_v to a register: vp[i / 16][e][i % 16] holds (v_2i[16 e + x], v_2i+1[16 e + x]) for x = 0..15
 template <int DV>
@@ -197,6 +251,7 @@ template <int G, int D, int DV>
 void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
   constexpr int NK = (D + 31) / 32;
   constexpr int NV = (DV + 15) / 16;
+  constexpr bool kInPlace = D >= 64;
   static_assert(G <= kAmxHeads, "heads in a tile's 16 rows");
   static const TileConfig config;
   alignas(64) int32_t qb[NK][16][kAmxHeads] = {};  // [piece kk][pair i][head g]: q[g][32 kk + 2i], its next
@@ -221,22 +276,33 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
     _tile_zero(2);
     _tile_zero(3);
     for (int kk = 0; kk < NK; ++kk) {  // s^T[16 j + x, g] += k_(16 j + x) . q[g], 32 of d at a time
+      const c10::BFloat16* keys[kBlock / 16];  // each 16 rows' piece: in place, or copied (copy_keys)
+      int64_t stride[kBlock / 16];
       for (int j = 0; j < groups; ++j) {
-        copy_keys<D>(c.k + (b0 + 16 * j) * c.ks, c.ks, nb - 16 * j, ahead - 16 * j, kk, kc[j]);
+        const c10::BFloat16* rows = c.k + (b0 + 16 * j) * c.ks;
+        if (kInPlace && 16 * j + 16 <= nb && 32 * kk + 32 <= D) {
+          prefetch_keys<D>(rows, c.ks, ahead - 16 * j, kk);
+          keys[j] = rows + 32 * kk;
+          stride[j] = c.ks * 2;
+        } else {
+          copy_keys<D>(rows, c.ks, nb - 16 * j, ahead - 16 * j, kk, kc[j]);
+          keys[j] = kc[j][0];
+          stride[j] = 64;
+        }
       }
       _tile_loadd(4, qb[kk], 64);
-      _tile_loadd(5, kc[0], 64);  // each group of 16 keys in a tile of its own (7, then 5 again for the last)
+      _tile_loadd(5, keys[0], stride[0]);  // each 16 keys in a tile of their own (7, then 5 again for the last)
       _tile_dpbf16ps(0, 5, 4);
       if (groups > 1) {
-        _tile_loadd(6, kc[1], 64);
+        _tile_loadd(6, keys[1], stride[1]);
         _tile_dpbf16ps(1, 6, 4);
       }
       if (groups > 2) {
-        _tile_loadd(7, kc[2], 64);
+        _tile_loadd(7, keys[2], stride[2]);
         _tile_dpbf16ps(2, 7, 4);
       }
       if (groups > 3) {
-        _tile_loadd(5, kc[3], 64);
+        _tile_loadd(5, keys[3], stride[3]);
         _tile_dpbf16ps(3, 5, 4);
       }
     }
@@ -245,17 +311,21 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
     _tile_stored(2, st[2], 64);
     _tile_stored(3, st[3], 64);
     V16 most = V16{} - std::numeric_limits<float>::infinity();  // lane g: head g's largest score
-    for (int j = 0; j < groups; ++j) {  // turned over: a row of 16 positions per head
-      for (int64_t u = 0; u < std::min<int64_t>(16, nb - 16 * j); ++u) {
-        const V16 row = (V16)_mm512_castsi512_ps(st[j][u]);
-        most = most > row ? most : row;
-      }
-      turn16<(G > 8 ? 16 : G > 4 ? 8 : G > 2 ? 4 : G > 1 ? 2 : 1)>(st[j]);
-      for (int g = 0; g < G; ++g) {
-        _mm512_store_si512(&s[g][16 * j], st[j][g]);
-      }
+    for (int64_t t = 0; t < nb; ++t) {
+      const V16 row = (V16)_mm512_castsi512_ps(st[t / 16][t % 16]);
+      most = most > row ? most : row;
     }
-    softmax_heads<G, NV, NV * 16>(s, most, c.scale, p, acc, m, l, nb);
+    if constexpr (G > 8) {
+      softmax_positions<G, NV, NV * 16>(st, most, c.scale, p, acc, m, l, nb);
+    } else {
+      for (int j = 0; j < groups; ++j) {  // turned over: a row of 16 positions per head
+        turn16<(G > 4 ? 8 : G > 2 ? 4 : G > 1 ? 2 : 1)>(st[j]);
+        for (int g = 0; g < G; ++g) {
+          _mm512_store_si512(&s[g][16 * j], st[j][g]);
+        }
+      }
+      softmax_heads<G, NV, NV * 16>(s, most, c.scale, p, acc, m, l, nb);
+    }
     value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, ahead, vp);
     _tile_loadd(4, &p[0][0], kBlock * 2);  // the weights of positions 0..31 (heads x 16 pairs), then 32..63
     if (halves > 1) {
