@@ -211,12 +211,13 @@ def time_attention(models, ctx, ptdtype, runtime):
     fns = {}
     for name, model in models.items():
         c = model.cfg
-        if c.attn == "mla":  # over the latent rows [c_kv (r) ; the shared RoPE key (d_R)], one "head"
-            H, d, r, dR, attn = c.n_head, c.head_dim, c.mla_kv_rank, c.mla_rope_dim, model.blocks[0].attn
+        if c.attn == "mla":  # over the latent rows [c_kv (r) ; the shared RoPE key (d_R)], one "head",
+            # with q already absorbed into them, as absorbed_attention calls it (its projections left out)
+            H, r, dR, call = c.n_head, c.mla_kv_rank, c.mla_rope_dim, model.blocks[0].attn.decode_attention
             kv = rand(c.n_layer, batch_size, 1, ctx, r + dR)  # every layer's cache in one allocation
-            q = (rand(batch_size, H, 1, d), rand(batch_size, H, 1, dR))
+            q, scale = rand(batch_size, H, 1, r + dR), 1 / math.sqrt(c.head_dim + dR)
             pos = ctx if runtime == "eager" else torch.tensor([ctx - 1], device=device)
-            fns[name] = lambda kv=kv, q=q, attn=attn, pos=pos: [attn.absorbed_attention(*q, x, pos) for x in kv]
+            fns[name] = lambda kv=kv, q=q, call=call, pos=pos, scale=scale: [call(q, x, x, pos, scale) for x in kv]
             continue
         kv = rand(c.n_layer, 2, batch_size, c.n_kv_head, ctx, c.head_dim)
         q = rand(batch_size, c.n_head, 1, c.head_dim)

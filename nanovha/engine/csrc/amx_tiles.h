@@ -326,7 +326,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       }
       softmax_heads<G, NV, NV * 16>(s, most, c.scale, p, acc, m, l, nb);
     }
-    value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, ahead, vp);
+    value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, c.v == c.k ? 0 : ahead, vp);  // MLA's: the keys, prefetched
     _tile_loadd(4, &p[0][0], kBlock * 2);  // the weights of positions 0..31 (heads x 16 pairs), then 32..63
     if (halves > 1) {
       _tile_loadd(7, &p[0][16], kBlock * 2);
