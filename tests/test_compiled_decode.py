@@ -146,8 +146,9 @@ def test_fold_plans_and_sample_follows_the_plan_with_the_same_text(char_data, tm
     packages = lambda: sorted(f for f in os.listdir(tmp_path / "cache" / "compiled") if f.startswith("decode-"))
     built = packages()
     assert len(built) == (2 if cpu_bf16_support()[0] else 1)  # float32, and bf16 where native
+    # fold.py's plan is timed for 500 new tokens: the same job (contexts 16-512); --verbose shows a provisional one
     sample = ["sample.py", f"--out_dir={tmp_path}", "--temperature=0", "--start=ROMEO:", "--num_samples=1",
-              "--max_new_tokens=500", "--verbose=True"]  # fold.py's plan is timed for 500 new tokens: the same job (contexts 16-512)
+              "--max_new_tokens=500", "--verbose=True"]
     text = lambda proc: proc.stdout.split("\n---------------")[0]  # the prompt and 500 tokens, before the timing line
     plan_line = lambda proc: next(line for line in proc.stderr.splitlines() if line.startswith("plan: "))
     # "plan: compiled bfloat16, attention nanovha, 0.2 ms/token (...)" -> the choice, without its timing
