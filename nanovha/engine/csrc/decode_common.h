@@ -96,10 +96,8 @@ struct Lanes {
 
 using V16 = Lanes<16>::f;
 
-// t[0..15] -> r with r[i] = t[i]'s 16 lanes combined by op (+, max): four rounds, each combining the
-// lanes it pairs up
-template <typename Op>
-inline V16 across16(const V16* t, Op op) {
+// t[0..15] -> r with r[i] = sum of t[i]'s 16 lanes: four rounds, each adding the lanes it pairs up
+inline V16 sum16(const V16* t) {
   typedef int32_t M __attribute__((vector_size(64)));
   const M even = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
   const M odd = even + 1;
@@ -110,24 +108,16 @@ inline V16 across16(const V16* t, Op op) {
   const M even8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
   const M odd8 = even8 + 8;
   V16 a[8], b[4], c[2];
-  for (int i = 0; i < 8; ++i) {  // lane 2m: t[2i]'s lanes 2m, 2m+1 combined; lane 2m+1: t[2i+1]'s
-    a[i] = op(__builtin_shuffle(t[2 * i], t[2 * i + 1], even), __builtin_shuffle(t[2 * i], t[2 * i + 1], odd));
+  for (int i = 0; i < 8; ++i) {  // lane 2m: t[2i] summed over lanes 2m, 2m+1; lane 2m+1: t[2i+1]
+    a[i] = __builtin_shuffle(t[2 * i], t[2 * i + 1], even) + __builtin_shuffle(t[2 * i], t[2 * i + 1], odd);
   }
   for (int i = 0; i < 4; ++i) {
-    b[i] = op(__builtin_shuffle(a[2 * i], a[2 * i + 1], even2), __builtin_shuffle(a[2 * i], a[2 * i + 1], odd2));
+    b[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], even2) + __builtin_shuffle(a[2 * i], a[2 * i + 1], odd2);
   }
   for (int i = 0; i < 2; ++i) {
-    c[i] = op(__builtin_shuffle(b[2 * i], b[2 * i + 1], even4), __builtin_shuffle(b[2 * i], b[2 * i + 1], odd4));
+    c[i] = __builtin_shuffle(b[2 * i], b[2 * i + 1], even4) + __builtin_shuffle(b[2 * i], b[2 * i + 1], odd4);
   }
-  return op(__builtin_shuffle(c[0], c[1], even8), __builtin_shuffle(c[0], c[1], odd8));
-}
-
-inline V16 sum16(const V16* t) {
-  return across16(t, [](V16 x, V16 y) { return x + y; });
-}
-
-inline V16 max16(const V16* t) {
-  return across16(t, [](V16 x, V16 y) { return x > y ? x : y; });
+  return __builtin_shuffle(c[0], c[1], even8) + __builtin_shuffle(c[0], c[1], odd8);
 }
 
 }  // namespace nanovha
