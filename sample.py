@@ -68,10 +68,12 @@ def main():
     for _ in range(num_samples):
         seconds = {}
         gc.disable()  # no collection pauses inside the timed loop
-        with torch.inference_mode():  # no autograd bookkeeping at all: fewer us per op
-            y = generate(plan.model, x, max_new_tokens, temperature=temperature, top_k=top_k,
-                         generator=gen, decode=plan.step, seconds=seconds)
-        gc.enable()
+        try:
+            with torch.inference_mode():  # no autograd bookkeeping at all: fewer us per op
+                y = generate(plan.model, x, max_new_tokens, temperature=temperature, top_k=top_k,
+                             generator=gen, decode=plan.step, seconds=seconds)
+        finally:
+            gc.enable()
         print(decode(y[0].tolist()))
         print(f"---------------  ({max_new_tokens} tokens: prefill of {len(prompt)} in "
               f"{seconds['prefill'] * 1e3:.1f} ms, then {speed(seconds)})")
@@ -79,8 +81,8 @@ def main():
 
 def speed(seconds):
     """The decode loop's speed: the median step's on a CPU (a VM's stalls, a step in a hundred, move
-    the mean by 10% from run to run, not the median), the whole loop's beside it."""
-    loop = len(seconds["steps"]) / seconds["decode"] if seconds["decode"] > 0 else float("nan")
+    the mean by 10% from run to run, not the median), the whole loop's beside it (alone on a GPU)."""
+    loop = seconds["tokens"] / seconds["decode"] if seconds["decode"] > 0 else float("nan")
     if not seconds["steps"]:
         return f"{loop:.0f} tok/s"
     return f"{1 / statistics.median(seconds['steps']):.0f} tok/s (median step; the whole loop {loop:.0f})"

@@ -26,7 +26,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=
     """Continues idx (B, T) -> (B, T + max_new_tokens); temperature=0 is greedy. Builds a cache
     of the needed size. decode: a stand-in for model.decode_one_token (a compiled one:
     nanovha/engine/compiled.py), given the position as a (1,) tensor. seconds: a dict that gets
-    the prefill's seconds, the decode loop's, and on a CPU each step's (perf_counter)."""
+    the prefill's seconds, the decode loop's and its tokens, and on a CPU each step's (perf_counter)."""
     B, T = idx.shape
     model.setup_cache(B, T + max_new_tokens)
     out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)  # (B, T + max_new_tokens)
@@ -44,7 +44,7 @@ def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, generator=
             ends.append(time.perf_counter())
     if seconds is not None:
         steps = [b - a for a, b in zip(ends, ends[1:])]
-        seconds.update(prefill=t1 - t0, decode=synchronized(idx.device) - t1, steps=steps)
+        seconds.update(prefill=t1 - t0, decode=synchronized(idx.device) - t1, tokens=max_new_tokens, steps=steps)
     return out
 
 

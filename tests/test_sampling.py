@@ -58,3 +58,15 @@ def test_top_k_past_the_vocab_is_the_whole_vocab():
     a = sample_next(logits, 1.0, top_k=1000, generator=torch.Generator().manual_seed(5))
     b = sample_next(logits, 1.0, top_k=None, generator=torch.Generator().manual_seed(5))
     assert torch.equal(a, b) and not math.isnan(float(a.float().mean()))
+
+
+def test_generate_times_the_prefill_and_every_step_of_the_loop():
+    """seconds: the prefill, the decode loop and its tokens (the whole-loop speed, on any device), and on a CPU one
+    step per token, which together make up the loop."""
+    model = make(torch.float32, attn="vha", n_head=8, n_kv_head=2).eval()
+    seconds = {}
+    with torch.no_grad():
+        out = generate(model, torch.tensor([[1, 2, 3]]), 12, temperature=0, seconds=seconds)
+    assert out.shape == (1, 15) and seconds["tokens"] == 12 and len(seconds["steps"]) == 12
+    assert seconds["prefill"] > 0 and seconds["decode"] > 0 and min(seconds["steps"]) > 0
+    assert sum(seconds["steps"]) == pytest.approx(seconds["decode"], rel=0.05)
