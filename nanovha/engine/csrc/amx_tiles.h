@@ -60,12 +60,9 @@ inline void copy_keys(const c10::BFloat16* row, int64_t ks, int64_t n, int64_t a
                       c10::BFloat16 (*to)[32]) {
   const int width = std::min(32, D - 32 * kk);
   const __mmask32 cols = width == 32 ? ~0u : (1u << width) - 1;
+  prefetch_keys<D>(row, ks, ahead, kk);
   for (int u = 0; u < 16; ++u) {
     const c10::BFloat16* k = row + u * ks + 32 * kk;
-    if (u < ahead) {
-      __builtin_prefetch(k + kAhead * ks, 0, 1);
-      __builtin_prefetch(k + kNear * ks, 0, 3);
-    }
     _mm512_store_si512(to[u], u < n ? _mm512_maskz_loadu_epi16(cols, k) : _mm512_setzero_si512());
   }
 }
@@ -104,6 +101,25 @@ inline __m512 exp2_weights(__m512 t) {
   return _mm512_scalef_ps(e, n);
 }
 
+// m' = max(m, most), lane by lane (a head each), and e^(scale (m - m')), by which the head's running
+// sum and accumulators are scaled
+inline V16 raise_max(V16& m, const V16& most, float scale) {
+  const V16 m_old = m;
+  m = m_old > most ? m_old : most;
+  return Lanes<16>::exp_le0((m_old - m) * scale);
+}
+
+// acc[g] *= alpha[g] for the heads g < G whose maximum moved (most blocks move few or none)
+template <int G, int NV, int PS>
+inline void rescale_rows(float (*acc)[PS], const V16& alpha) {
+  for (int g = 0; g < G; ++g) {
+    for (int e = 0; e < NV && alpha[g] != 1.0f; ++e) {
+      const __m512 scaled = _mm512_mul_ps(_mm512_load_ps(&acc[g][16 * e]), _mm512_set1_ps(alpha[g]));
+      _mm512_store_ps(&acc[g][16 * e], scaled);
+    }
+  }
+}
+
 // The online softmax of heads g < G over a block of nb raw scores s[g][0..nb) (q . k, before the
 // scale > 0), whose largest are `most`; lane g of m, l and most is head g's:
 //   m' = max(m, most),  p = e^(scale (s - m')),  l = l e^(scale (m - m')) + sum p
@@ -118,9 +134,7 @@ inline void softmax_heads(const float (*s)[kBlock], const V16& most, float scale
     valid[v] = static_cast<__mmask16>((1u << n) - 1);
   }
   alignas(64) V16 part[16];  // head g's sums of weights, lane by lane
-  const V16 m_old = m;
-  m = m_old > most ? m_old : most;
-  const V16 alpha = Lanes<16>::exp_le0((m_old - m) * scale);
+  const V16 alpha = raise_max(m, most, scale);
   const float to2 = scale * 1.44269504f;  // e^(scale x) = 2^(to2 x)
   const __m512 by = _mm512_set1_ps(to2);
   const bool full = nb == kBlock;
@@ -140,12 +154,7 @@ inline void softmax_heads(const float (*s)[kBlock], const V16& most, float scale
     part[g] = (V16)sum;
   }
   l = l * alpha + sum16(part);
-  for (int g = 0; g < G; ++g) {
-    for (int e = 0; e < NV && alpha[g] != 1.0f; ++e) {  // most blocks leave most heads' maxima as they were
-      const __m512 scaled = _mm512_mul_ps(_mm512_load_ps(&acc[g][16 * e]), _mm512_set1_ps(alpha[g]));
-      _mm512_store_ps(&acc[g][16 * e], scaled);
-    }
-  }
+  rescale_rows<G, NV, PS>(acc, alpha);
 }
 
 // The same softmax with the heads as the lanes, for groups of more than 8, where a row per head costs
@@ -159,9 +168,7 @@ inline void softmax_positions(const __m512i (*st)[16], const V16& most, float sc
       0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30,
       15, 31};
   const __m512i pairs_of_heads = _mm512_load_si512(order);
-  const V16 m_old = m;
-  m = m_old > most ? m_old : most;
-  const V16 alpha = Lanes<16>::exp_le0((m_old - m) * scale);
+  const V16 alpha = raise_max(m, most, scale);
   const float to2 = scale * 1.44269504f;  // e^(scale x) = 2^(to2 x)
   const __m512 by = _mm512_set1_ps(to2), top = _mm512_mul_ps((__m512)m, by);
   const auto weights = [&](int64_t t) {  // position t's weights, a lane per head; none past nb
@@ -184,12 +191,7 @@ inline void softmax_positions(const __m512i (*st)[16], const V16& most, float sc
     }
   }
   l = l * alpha + (V16)sum;
-  for (int g = 0; g < G; ++g) {
-    for (int e = 0; e < NV && alpha[g] != 1.0f; ++e) {
-      const __m512 scaled = _mm512_mul_ps(_mm512_load_ps(&acc[g][16 * e]), _mm512_set1_ps(alpha[g]));
-      _mm512_store_ps(&acc[g][16 * e], scaled);
-    }
-  }
+  rescale_rows<G, NV, PS>(acc, alpha);
 }
 
 // The value rows of positions 2i and 2i+1 of a block (rows past nb read as zeros) interleaved, 16 of
