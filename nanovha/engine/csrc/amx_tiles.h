@@ -9,6 +9,9 @@
 //     positions to a vector (softmax_heads); for more, the heads as the lanes (softmax_positions)
 //   values, 32 positions at a time: C (heads x 16 of d_v) += p (heads x 32 positions, bf16 pairs)
 //     times the value rows interleaved in pairs (16 pair-rows x 16 of d_v: value_pairs)
+// The next block's rows are read while this one is worked on: its K rows copied and its V rows paired
+// in four parts, one between each step here, so the loads from memory overlap the tile products and
+// the softmax (read all at once before their use, the rows streamed a third slower).
 // Tiles: scores 0..3 (a group of 16 positions each), q in 4, the keys in 5..7; values 0 and 1 (two
 // slices of d_v), the weights in 4 and 7 (32 positions each), the value pairs in 2, 3, 5, 6. No tile is
 // loaded again while a product may still read it, so the products overlap.
@@ -197,7 +200,7 @@ inline void softmax_positions(const __m512i (*st)[16], const V16& most, float sc
 // The value rows of positions 2i and 2i+1 of a block (rows past nb read as zeros) interleaved, 16 of
 // d_v to a register: vp[i / 16][e][i % 16] holds (v_2i[16 e + x], v_2i+1[16 e + x]) for x = 0..15
 template <int DV>
-inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t ahead,
+inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t ahead, int i0, int i1,
                         __m512i (*vp)[(DV + 15) / 16][16]) {
   constexpr int NV = (DV + 15) / 16;
   alignas(64) static const int16_t order[64] = {  // a, b -> (a_e, b_e) for e = 0..15, then 16..31
@@ -205,12 +208,13 @@ inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t 
       11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53,
       22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
   const __m512i low_pairs = _mm512_load_si512(order), high_pairs = _mm512_load_si512(order + 32);
-  for (int64_t i = (nb + 1) / 2; i < (nb + 31) / 32 * 16; ++i) {  // pairs past nb, to the end of their 32
+  const int64_t end = (nb + 31) / 32 * 16;  // pairs up to the end of the last 32 positions
+  for (int64_t i = std::max<int64_t>(i0, (nb + 1) / 2); i < std::min<int64_t>(i1, end); ++i) {  // past nb
     for (int e = 0; e < NV; ++e) {
       vp[i / 16][e][i % 16] = _mm512_setzero_si512();
     }
   }
-  for (int64_t i = 0; i < (nb + 1) / 2; ++i) {
+  for (int64_t i = i0; i < std::min<int64_t>(i1, (nb + 1) / 2); ++i) {
     const c10::BFloat16* v0 = v + 2 * i * vs;
     const c10::BFloat16* v1 = v0 + vs;
     if (2 * i + 1 < ahead) {
@@ -257,11 +261,11 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
   static_assert(G <= kAmxHeads, "heads in a tile's 16 rows");
   static const TileConfig config;
   alignas(64) int32_t qb[NK][16][kAmxHeads] = {};  // [piece kk][pair i][head g]: q[g][32 kk + 2i], its next
-  alignas(64) c10::BFloat16 kc[kBlock / 16][16][32];  // 16 K rows' piece, copied: zeros past nb and D
+  alignas(64) c10::BFloat16 kc[NK][kBlock / 16][16][32];  // 16 K rows' pieces, copied: zeros past nb and D
   alignas(64) __m512i st[kBlock / 16][16];  // the scores of 16 positions x 16 heads, then turned over
   alignas(64) float s[kAmxHeads][kBlock];  // scores, then weights, one row per head
   alignas(64) int32_t p[kAmxHeads][kBlock / 2] = {};  // weights as bf16 pairs; heads past G stay zero
-  alignas(64) __m512i vp[kBlock / 32][NV][16];
+  alignas(64) __m512i vp[2][kBlock / 32][NV][16];
   alignas(64) float acc[kAmxHeads][NV * 16] = {};
   V16 m = V16{} - std::numeric_limits<float>::infinity(), l = {};  // lane g: head g's
   for (int g = 0; g < G; ++g) {
@@ -269,28 +273,47 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       qb[i / 16][i % 16][g] = bf16_pair(c.qT, G, g, 2 * i, D);
     }
   }
+  // whether the tile reads piece kk of the 16 K rows from 16 j of a block of nb in place
+  const auto in_place = [](int64_t nb, int j, int kk) {
+    return kInPlace && 16 * j + 16 <= nb && 32 * kk + 32 <= D;
+  };
+  // part j of the block from b (its positions 16 j .. 16 j + 15): K rows copied into kc (prefetched,
+  // where read in place) and V rows paired into vp[buf]
+  const auto fetch = [&](int64_t b, int j, int buf) {
+    const int64_t nb = std::min(kBlock, c.t1 - b), ahead = c.t1 - kAhead - b;
+    if (16 * j < nb) {
+      for (int kk = 0; kk < NK; ++kk) {
+        const c10::BFloat16* rows = c.k + (b + 16 * j) * c.ks;
+        if (in_place(nb, j, kk)) {
+          prefetch_keys<D>(rows, c.ks, ahead - 16 * j, kk);
+        } else {
+          copy_keys<D>(rows, c.ks, nb - 16 * j, ahead - 16 * j, kk, kc[kk][j]);
+        }
+      }
+    }
+    value_pairs<DV>(c.v + b * c.vs, c.vs, nb, c.v == c.k ? 0 : ahead, 8 * j, 8 * j + 8, vp[buf]);
+  };
+  for (int j = 0; j < 4; ++j) {
+    fetch(c.t0, j, 0);
+  }
   _tile_loadconfig(&config);
-  for (int64_t b0 = c.t0; b0 < c.t1; b0 += kBlock) {
-    const int64_t nb = std::min(kBlock, c.t1 - b0), ahead = c.t1 - kAhead - b0;
+  // The next block is fetched in its four parts between this block's steps, once each step has read
+  // what the part overwrites (kc after the score tiles are loaded; vp is two buffers), so its loads
+  // stay in flight under this block's work
+  for (int64_t b0 = c.t0, cur = 0; b0 < c.t1; b0 += kBlock, cur ^= 1) {
+    const int64_t nb = std::min(kBlock, c.t1 - b0);
     const int groups = static_cast<int>((nb + 15) / 16), halves = static_cast<int>((nb + 31) / 32);
+    const bool next = b0 + kBlock < c.t1;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
     for (int kk = 0; kk < NK; ++kk) {  // s^T[16 j + x, g] += k_(16 j + x) . q[g], 32 of d at a time
-      const c10::BFloat16* keys[kBlock / 16];  // each 16 rows' piece: in place, or copied (copy_keys)
+      const c10::BFloat16* keys[kBlock / 16];  // each 16 rows' piece: in place, or copied
       int64_t stride[kBlock / 16];
       for (int j = 0; j < groups; ++j) {
-        const c10::BFloat16* rows = c.k + (b0 + 16 * j) * c.ks;
-        if (kInPlace && 16 * j + 16 <= nb && 32 * kk + 32 <= D) {
-          prefetch_keys<D>(rows, c.ks, ahead - 16 * j, kk);
-          keys[j] = rows + 32 * kk;
-          stride[j] = c.ks * 2;
-        } else {
-          copy_keys<D>(rows, c.ks, nb - 16 * j, ahead - 16 * j, kk, kc[j]);
-          keys[j] = kc[j][0];
-          stride[j] = 64;
-        }
+        keys[j] = in_place(nb, j, kk) ? c.k + (b0 + 16 * j) * c.ks + 32 * kk : kc[kk][j][0];
+        stride[j] = in_place(nb, j, kk) ? c.ks * 2 : 64;
       }
       _tile_loadd(4, qb[kk], 64);
       _tile_loadd(5, keys[0], stride[0]);  // each 16 keys in a tile of their own (7, then 5 again for the last)
@@ -308,6 +331,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
         _tile_dpbf16ps(3, 5, 4);
       }
     }
+    if (next) fetch(b0 + kBlock, 0, cur ^ 1);
     _tile_stored(0, st[0], 64);
     _tile_stored(1, st[1], 64);
     _tile_stored(2, st[2], 64);
@@ -317,6 +341,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       const V16 row = (V16)_mm512_castsi512_ps(st[t / 16][t % 16]);
       most = most > row ? most : row;
     }
+    if (next) fetch(b0 + kBlock, 1, cur ^ 1);
     if constexpr (G > 8) {
       softmax_positions<G, NV, NV * 16>(st, most, c.scale, p, acc, m, l, nb);
     } else {
@@ -326,9 +351,12 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
           _mm512_store_si512(&s[g][16 * j], st[j][g]);
         }
       }
+      if (next) fetch(b0 + kBlock, 2, cur ^ 1);
       softmax_heads<G, NV, NV * 16>(s, most, c.scale, p, acc, m, l, nb);
     }
-    value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, c.v == c.k ? 0 : ahead, vp);  // MLA's: the keys, prefetched
+    if constexpr (G > 8) {
+      if (next) fetch(b0 + kBlock, 2, cur ^ 1);
+    }
     _tile_loadd(4, &p[0][0], kBlock * 2);  // the weights of positions 0..31 (heads x 16 pairs), then 32..63
     if (halves > 1) {
       _tile_loadd(7, &p[0][16], kBlock * 2);
@@ -336,18 +364,18 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
     for (int e = 0; e < NV; e += 2) {  // acc[:, 16 e ..] += p times the value pairs, two slices at a time,
       const bool two = e + 1 < NV;     // each operand in a tile of its own
       _tile_loadd(0, &acc[0][16 * e], NV * 64);
-      _tile_loadd(2, vp[0][e], 64);
+      _tile_loadd(2, vp[cur][0][e], 64);
       _tile_dpbf16ps(0, 4, 2);
       if (two) {
         _tile_loadd(1, &acc[0][16 * e + 16], NV * 64);
-        _tile_loadd(3, vp[0][e + 1], 64);
+        _tile_loadd(3, vp[cur][0][e + 1], 64);
         _tile_dpbf16ps(1, 4, 3);
       }
       if (halves > 1) {
-        _tile_loadd(5, vp[1][e], 64);
+        _tile_loadd(5, vp[cur][1][e], 64);
         _tile_dpbf16ps(0, 7, 5);
         if (two) {
-          _tile_loadd(6, vp[1][e + 1], 64);
+          _tile_loadd(6, vp[cur][1][e + 1], 64);
           _tile_dpbf16ps(1, 7, 6);
         }
       }
@@ -356,6 +384,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
         _tile_stored(1, &acc[0][16 * e + 16], NV * 64);
       }
     }
+    if (next) fetch(b0 + kBlock, 3, cur ^ 1);
   }
   _tile_release();
   for (int g = 0; g < G; ++g) {
