@@ -10,8 +10,8 @@
 //   values, 32 positions at a time: C (heads x 16 of d_v) += p (heads x 32 positions, bf16 pairs)
 //     times the value rows interleaved in pairs (16 pair-rows x 16 of d_v: value_pairs)
 // The next block's rows are read while this one is worked on: its K rows copied and its V rows paired
-// in four parts, one between each step here, so the loads from memory overlap the tile products and
-// the softmax (read all at once before their use, the rows streamed a third slower).
+// in parts, one after each step here, so the loads from memory overlap the tile products and the
+// softmax (read all at once just before their use, the rows streamed a third slower).
 // Tiles: scores 0..3 (a group of 16 positions each), q in 4, the keys in 5..7; values 0 and 1 (two
 // slices of d_v), the weights in 4 and 7 (32 positions each), the value pairs in 2, 3, 5, 6. No tile is
 // loaded again while a product may still read it, so the products overlap.
@@ -51,8 +51,8 @@ inline int32_t bf16_pair(const float* qT, int G, int g, int d, int D) {
 // 16 K rows from `row` (stride ks), 32 of d from column 32 kk, copied to `to`: zeros past D and for the
 // rows from n on, which are not read
 template <int D>
-inline void prefetch_keys(const c10::BFloat16* row, int64_t ks, int64_t ahead, int kk) {
-  for (int u = 0; u < std::min<int64_t>(16, ahead); ++u) {
+inline void prefetch_keys(const c10::BFloat16* row, int64_t ks, int64_t ahead, int kk, int u0, int u1) {
+  for (int u = u0; u < std::min<int64_t>(u1, ahead); ++u) {
     __builtin_prefetch(row + (u + kAhead) * ks + 32 * kk, 0, 1);
     __builtin_prefetch(row + (u + kNear) * ks + 32 * kk, 0, 3);
   }
@@ -60,11 +60,11 @@ inline void prefetch_keys(const c10::BFloat16* row, int64_t ks, int64_t ahead, i
 
 template <int D>
 inline void copy_keys(const c10::BFloat16* row, int64_t ks, int64_t n, int64_t ahead, int kk,
-                      c10::BFloat16 (*to)[32]) {
+                      c10::BFloat16 (*to)[32], int u0, int u1) {
   const int width = std::min(32, D - 32 * kk);
   const __mmask32 cols = width == 32 ? ~0u : (1u << width) - 1;
-  prefetch_keys<D>(row, ks, ahead, kk);
-  for (int u = 0; u < 16; ++u) {
+  prefetch_keys<D>(row, ks, ahead, kk, u0, u1);
+  for (int u = u0; u < u1; ++u) {
     const c10::BFloat16* k = row + u * ks + 32 * kk;
     _mm512_store_si512(to[u], u < n ? _mm512_maskz_loadu_epi16(cols, k) : _mm512_setzero_si512());
   }
@@ -277,33 +277,38 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
   const auto in_place = [](int64_t nb, int j, int kk) {
     return kInPlace && 16 * j + 16 <= nb && 32 * kk + 32 <= D;
   };
-  // part j of the block from b (its positions 16 j .. 16 j + 15): K rows copied into kc (prefetched,
-  // where read in place) and V rows paired into vp[buf]
-  const auto fetch = [&](int64_t b, int j, int buf) {
+  const bool shared = c.v == c.k;  // MLA's: the values are the key rows, in cache once the keys are read
+  // rows [r0, r1) of the block from b: K rows copied into kc (prefetched, where read in place), V rows paired
+  const auto fetch = [&](int64_t b, int r0, int r1, int buf) {
     const int64_t nb = std::min(kBlock, c.t1 - b), ahead = c.t1 - kAhead - b;
-    if (16 * j < nb) {
+    for (int j = r0 / 16; j < (r1 + 15) / 16 && 16 * j < nb; ++j) {
+      const int u0 = std::max(r0 - 16 * j, 0), u1 = std::min(r1 - 16 * j, 16);
       for (int kk = 0; kk < NK; ++kk) {
         const c10::BFloat16* rows = c.k + (b + 16 * j) * c.ks;
         if (in_place(nb, j, kk)) {
-          prefetch_keys<D>(rows, c.ks, ahead - 16 * j, kk);
+          prefetch_keys<D>(rows, c.ks, ahead - 16 * j, kk, u0, u1);
         } else {
-          copy_keys<D>(rows, c.ks, nb - 16 * j, ahead - 16 * j, kk, kc[kk][j]);
+          copy_keys<D>(rows, c.ks, nb - 16 * j, ahead - 16 * j, kk, kc[kk][j], u0, u1);
         }
       }
     }
-    value_pairs<DV>(c.v + b * c.vs, c.vs, nb, c.v == c.k ? 0 : ahead, 8 * j, 8 * j + 8, vp[buf]);
+    if (!shared) {
+      value_pairs<DV>(c.v + b * c.vs, c.vs, nb, ahead, r0 / 2, r1 / 2, vp[buf]);
+    }
   };
-  for (int j = 0; j < 4; ++j) {
-    fetch(c.t0, j, 0);
-  }
+  // the next block is fetched in F parts, one after each step below: part f is its rows [part(f), part(f + 1))
+  constexpr int F = 3 + (NV + 1) / 2;
+  const auto part = [](int f) { return 2 * ((32 * f + F / 2) / F); };
+  fetch(c.t0, 0, kBlock, 0);
   _tile_loadconfig(&config);
-  // The next block is fetched in its four parts between this block's steps, once each step has read
-  // what the part overwrites (kc after the score tiles are loaded; vp is two buffers), so its loads
-  // stay in flight under this block's work
+  // Each part of the next block is fetched once this block has read what it overwrites (kc once the score
+  // tiles are loaded; vp is two buffers, or one for MLA's, paired from the rows this block just read), so
+  // the loads from memory stay in flight under this block's work
   for (int64_t b0 = c.t0, cur = 0; b0 < c.t1; b0 += kBlock, cur ^= 1) {
     const int64_t nb = std::min(kBlock, c.t1 - b0);
     const int groups = static_cast<int>((nb + 15) / 16), halves = static_cast<int>((nb + 31) / 32);
     const bool next = b0 + kBlock < c.t1;
+    const int64_t vb = shared ? 0 : cur;  // this block's value pairs
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -331,7 +336,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
         _tile_dpbf16ps(3, 5, 4);
       }
     }
-    if (next) fetch(b0 + kBlock, 0, cur ^ 1);
+    if (next) fetch(b0 + kBlock, part(0), part(1), cur ^ 1);
     _tile_stored(0, st[0], 64);
     _tile_stored(1, st[1], 64);
     _tile_stored(2, st[2], 64);
@@ -341,7 +346,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       const V16 row = (V16)_mm512_castsi512_ps(st[t / 16][t % 16]);
       most = most > row ? most : row;
     }
-    if (next) fetch(b0 + kBlock, 1, cur ^ 1);
+    if (next) fetch(b0 + kBlock, part(1), part(2), cur ^ 1);
     if constexpr (G > 8) {
       softmax_positions<G, NV, NV * 16>(st, most, c.scale, p, acc, m, l, nb);
     } else {
@@ -351,11 +356,14 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
           _mm512_store_si512(&s[g][16 * j], st[j][g]);
         }
       }
-      if (next) fetch(b0 + kBlock, 2, cur ^ 1);
+      if (next) fetch(b0 + kBlock, part(2), part(3), cur ^ 1);
       softmax_heads<G, NV, NV * 16>(s, most, c.scale, p, acc, m, l, nb);
     }
     if constexpr (G > 8) {
-      if (next) fetch(b0 + kBlock, 2, cur ^ 1);
+      if (next) fetch(b0 + kBlock, part(2), part(3), cur ^ 1);
+    }
+    if (shared) {
+      value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, 0, 0, kBlock / 2, vp[vb]);
     }
     _tile_loadd(4, &p[0][0], kBlock * 2);  // the weights of positions 0..31 (heads x 16 pairs), then 32..63
     if (halves > 1) {
@@ -364,18 +372,18 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
     for (int e = 0; e < NV; e += 2) {  // acc[:, 16 e ..] += p times the value pairs, two slices at a time,
       const bool two = e + 1 < NV;     // each operand in a tile of its own
       _tile_loadd(0, &acc[0][16 * e], NV * 64);
-      _tile_loadd(2, vp[cur][0][e], 64);
+      _tile_loadd(2, vp[vb][0][e], 64);
       _tile_dpbf16ps(0, 4, 2);
       if (two) {
         _tile_loadd(1, &acc[0][16 * e + 16], NV * 64);
-        _tile_loadd(3, vp[cur][0][e + 1], 64);
+        _tile_loadd(3, vp[vb][0][e + 1], 64);
         _tile_dpbf16ps(1, 4, 3);
       }
       if (halves > 1) {
-        _tile_loadd(5, vp[cur][1][e], 64);
+        _tile_loadd(5, vp[vb][1][e], 64);
         _tile_dpbf16ps(0, 7, 5);
         if (two) {
-          _tile_loadd(6, vp[cur][1][e + 1], 64);
+          _tile_loadd(6, vp[vb][1][e + 1], 64);
           _tile_dpbf16ps(1, 7, 6);
         }
       }
@@ -383,8 +391,8 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       if (two) {
         _tile_stored(1, &acc[0][16 * e + 16], NV * 64);
       }
+      if (next) fetch(b0 + kBlock, part(3 + e / 2), part(4 + e / 2), cur ^ 1);
     }
-    if (next) fetch(b0 + kBlock, 3, cur ^ 1);
   }
   _tile_release();
   for (int g = 0; g < G; ++g) {
