@@ -48,22 +48,24 @@ inline int32_t bf16_pair(const float* qT, int G, int g, int d, int D) {
   return static_cast<int32_t>((lo >> 16) | (hi & 0xffff0000u));
 }
 
-// 16 K rows from `row` (stride ks), 32 of d from column 32 kk, copied to `to`: zeros past D and for the
-// rows from n on, which are not read
-template <int D>
-inline void prefetch_keys(const c10::BFloat16* row, int64_t ks, int64_t ahead, int kk, int u0, int u1) {
-  for (int u = u0; u < std::min<int64_t>(u1, ahead); ++u) {
+// K rows u0..u1-1 from `row` (stride ks), 32 of d from column 32 kk, of which `left` are before the
+// chunk's end: prefetched into L1 `near` rows ahead and into L2 kAhead rows ahead (none near the end)
+inline void prefetch_keys(const c10::BFloat16* row, int64_t ks, int64_t left, int kk, int u0, int u1,
+                          int64_t near) {
+  for (int u = u0; u < u1 && u + kAhead < left; ++u) {
     __builtin_prefetch(row + (u + kAhead) * ks + 32 * kk, 0, 1);
-    __builtin_prefetch(row + (u + kNear) * ks + 32 * kk, 0, 3);
+    __builtin_prefetch(row + (u + near) * ks + 32 * kk, 0, 3);
   }
 }
 
+// The same rows copied to `to`, prefetching kNear rows ahead: zeros past D and for the rows from n on,
+// which are not read
 template <int D>
-inline void copy_keys(const c10::BFloat16* row, int64_t ks, int64_t n, int64_t ahead, int kk,
+inline void copy_keys(const c10::BFloat16* row, int64_t ks, int64_t n, int64_t left, int kk,
                       c10::BFloat16 (*to)[32], int u0, int u1) {
   const int width = std::min(32, D - 32 * kk);
   const __mmask32 cols = width == 32 ? ~0u : (1u << width) - 1;
-  prefetch_keys<D>(row, ks, ahead, kk, u0, u1);
+  prefetch_keys(row, ks, left, kk, u0, u1, kNear);
   for (int u = u0; u < u1; ++u) {
     const c10::BFloat16* k = row + u * ks + 32 * kk;
     _mm512_store_si512(to[u], u < n ? _mm512_maskz_loadu_epi16(cols, k) : _mm512_setzero_si512());
@@ -286,9 +288,9 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       for (int kk = 0; kk < NK; ++kk) {
         const c10::BFloat16* rows = c.k + (b + 16 * j) * c.ks;
         if (in_place(nb, j, kk)) {
-          prefetch_keys<D>(rows, c.ks, ahead - 16 * j, kk, u0, u1);
+          prefetch_keys(rows, c.ks, c.t1 - b - 16 * j, kk, u0, u1, 0);  // the rows themselves into L1
         } else {
-          copy_keys<D>(rows, c.ks, nb - 16 * j, ahead - 16 * j, kk, kc[kk][j], u0, u1);
+          copy_keys<D>(rows, c.ks, nb - 16 * j, c.t1 - b - 16 * j, kk, kc[kk][j], u0, u1);
         }
       }
     }
