@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from lab.decode_targets import check_targets, llama_ratios
+from lab.decode_targets import HANDICAP, check_targets, llama_ratios
 from model import GPT, GPTConfig, fold_to_gqa
 from nanovha.bridges import llamacpp
 from nanovha.config import DTYPES, at_least, flat_defaults, need, settings, stop_if
@@ -87,7 +87,6 @@ LIMITS = {**{k: at_least(1) for k in ("decode_steps", "prefill_repeats", "block_
           "attention_kernel": ("auto", *DECODE_KERNELS)}
 globals().update(settings(flat_defaults(globals()), sys.argv[1:], optional={"prefill_max": int}, limits=LIMITS))
 DECODE_VARIANTS = ("mha", "gqa8", "gqa4", "gqa2", "mqa", "vha_folded", "mla", "mfa")  # nanovha/variants.py's names
-HANDICAP = 1.5  # a variant's attention slower than this times its roof: a ratio against it would flatter the other
 kernel_of = {}  # variant -> its one-token attention, eager and compiled (attention_kernels)
 device_type = device.split(":")[0]
 shape = dict(vocab_size=vocab_size, block_size=block_size, n_layer=n_layer, n_embd=n_embd, n_head=n_head,

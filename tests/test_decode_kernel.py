@@ -87,6 +87,23 @@ def test_mla_rows_serve_as_keys_and_values_through_a_strided_view():
     assert got.shape == (1, 1, 16, 112) and (got.double() - want).abs().max() <= 2e-6 * want.abs().max()
 
 
+@pytest.mark.parametrize("threads", [1, 4])
+def test_mla_rows_as_keys_and_values_at_once_in_bf16(threads):
+    """v is k (MLA's absorbed decode at its compiled-in width, 144): the AMX path pairs the values from the rows it
+    just read for the keys, rather than reading them again."""
+    g = torch.Generator().manual_seed(2)
+    q, rows = torch.randn(1, 1, 16, 144, generator=g).bfloat16(), torch.randn(1, 1, 1000, 144, generator=g).bfloat16()
+    rows[:, :, 999:] = float("nan")  # never read
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = torch.ops.nanovha.decode_attention(q, rows, rows, torch.tensor([998]), 144 ** -0.5)
+    finally:
+        torch.set_num_threads(before)
+    want = reference(q, rows, rows, 998, 144 ** -0.5)
+    assert (got.double() - want).abs().max() <= BF16 * want.abs().max()
+
+
 WIDE = dict(n_embd=256, n_head=16)  # heads of 16: the compiled-in float paths (float64 takes the scalar one)
 
 

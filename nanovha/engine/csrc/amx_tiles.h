@@ -11,7 +11,7 @@
 //     times the value rows interleaved in pairs (16 pair-rows x 16 of d_v: value_pairs)
 // The next block's rows are read while this one is worked on: its K rows copied and its V rows paired
 // in parts, one after each step here, so the loads from memory overlap the tile products and the
-// softmax (read all at once just before their use, the rows streamed a third slower).
+// softmax.
 // Tiles: scores 0..3 (a group of 16 positions each), q in 4, the keys in 5..7; values 0 and 1 (two
 // slices of d_v), the weights in 4 and 7 (32 positions each), the value pairs in 2, 3, 5, 6. No tile is
 // loaded again while a product may still read it, so the products overlap.
