@@ -200,7 +200,8 @@ inline void softmax_positions(const __m512i (*st)[16], const V16& most, float sc
 }
 
 // The value rows of positions 2i and 2i+1 of a block (rows past nb read as zeros) interleaved, 16 of
-// d_v to a register: vp[i / 16][e][i % 16] holds (v_2i[16 e + x], v_2i+1[16 e + x]) for x = 0..15
+// d_v to a register, for the pairs i0 <= i < i1: vp[i / 16][e][i % 16] holds (v_2i[16 e + x],
+// v_2i+1[16 e + x]) for x = 0..15
 template <int DV>
 inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t ahead, int i0, int i1,
                         __m512i (*vp)[(DV + 15) / 16][16]) {
