@@ -60,6 +60,16 @@ CASES = {
 }
 
 
+def on_threads(threads, q, k, v, pos, scale):
+    """Our op on `threads` threads (4 on one or two KV heads: the cache cut into chunks, then merged)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return torch.ops.nanovha.decode_attention(q, k, v, torch.tensor([pos]), scale)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("threads", [1, 4])
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_the_kernel_is_one_softmax_over_the_written_positions(case, threads):
@@ -67,12 +77,7 @@ def test_the_kernel_is_one_softmax_over_the_written_positions(case, threads):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, *shape, generator=g).to(dtype) for shape in ((G, D), (T, D), (T, DV)))
     k[:, :, pos + 1:], v[:, :, pos + 1:] = float("nan"), float("inf")  # never read: they would poison the output
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)  # 4 threads on one or two KV heads: the cache cut into chunks, then merged
-    try:
-        got = torch.ops.nanovha.decode_attention(q, k, v, torch.tensor([pos]), D ** -0.5)
-    finally:
-        torch.set_num_threads(before)
+    got = on_threads(threads, q, k, v, pos, D ** -0.5)
     want = reference(q, k, v, pos, D ** -0.5)
     assert got.dtype == dtype and got.shape == (B, H, G, DV)
     assert (got.double() - want).abs().max() <= tol * want.abs().max()
@@ -94,12 +99,7 @@ def test_mla_rows_as_keys_and_values_at_once_in_bf16(threads):
     g = torch.Generator().manual_seed(2)
     q, rows = torch.randn(1, 1, 16, 144, generator=g).bfloat16(), torch.randn(1, 1, 1000, 144, generator=g).bfloat16()
     rows[:, :, 999:] = float("nan")  # never read
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        got = torch.ops.nanovha.decode_attention(q, rows, rows, torch.tensor([998]), 144 ** -0.5)
-    finally:
-        torch.set_num_threads(before)
+    got = on_threads(threads, q, rows, rows, 998, 144 ** -0.5)
     want = reference(q, rows, rows, 998, 144 ** -0.5)
     assert (got.double() - want).abs().max() <= BF16 * want.abs().max()
 

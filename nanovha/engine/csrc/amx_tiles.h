@@ -48,24 +48,24 @@ inline int32_t bf16_pair(const float* qT, int G, int g, int d, int D) {
   return static_cast<int32_t>((lo >> 16) | (hi & 0xffff0000u));
 }
 
-// K rows u0..u1-1 from `row` (stride ks), 32 of d from column 32 kk, of which `left` are before the
+// The 64 bytes from column x of rows u0..u1-1 from `row` (stride rs), of which `left` are before the
 // chunk's end: prefetched into L1 `near` rows ahead and into L2 kAhead rows ahead (none near the end)
-inline void prefetch_keys(const c10::BFloat16* row, int64_t ks, int64_t left, int kk, int u0, int u1,
+inline void prefetch_rows(const c10::BFloat16* row, int64_t rs, int64_t left, int x, int64_t u0, int64_t u1,
                           int64_t near) {
-  for (int u = u0; u < u1 && u + kAhead < left; ++u) {
-    __builtin_prefetch(row + (u + kAhead) * ks + 32 * kk, 0, 1);
-    __builtin_prefetch(row + (u + near) * ks + 32 * kk, 0, 3);
+  for (int64_t u = u0; u < u1 && u + kAhead < left; ++u) {
+    __builtin_prefetch(row + (u + kAhead) * rs + x, 0, 1);
+    __builtin_prefetch(row + (u + near) * rs + x, 0, 3);
   }
 }
 
-// The same rows copied to `to`, prefetching kNear rows ahead: zeros past D and for the rows from n on,
-// which are not read
+// K rows u0..u1-1 from `row`, 32 of d from column 32 kk, copied to `to`, prefetching kNear rows ahead:
+// zeros past D and for the rows from n on, which are not read
 template <int D>
 inline void copy_keys(const c10::BFloat16* row, int64_t ks, int64_t n, int64_t left, int kk,
                       c10::BFloat16 (*to)[32], int u0, int u1) {
   const int width = std::min(32, D - 32 * kk);
   const __mmask32 cols = width == 32 ? ~0u : (1u << width) - 1;
-  prefetch_keys(row, ks, left, kk, u0, u1, kNear);
+  prefetch_rows(row, ks, left, 32 * kk, u0, u1, kNear);
   for (int u = u0; u < u1; ++u) {
     const c10::BFloat16* k = row + u * ks + 32 * kk;
     _mm512_store_si512(to[u], u < n ? _mm512_maskz_loadu_epi16(cols, k) : _mm512_setzero_si512());
@@ -201,9 +201,9 @@ inline void softmax_positions(const __m512i (*st)[16], const V16& most, float sc
 
 // The value rows of positions 2i and 2i+1 of a block (rows past nb read as zeros) interleaved, 16 of
 // d_v to a register, for the pairs i0 <= i < i1: vp[i / 16][e][i % 16] holds (v_2i[16 e + x],
-// v_2i+1[16 e + x]) for x = 0..15
+// v_2i+1[16 e + x]) for x = 0..15. Rows ahead are prefetched as prefetch_rows does (left 0: none)
 template <int DV>
-inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t ahead, int i0, int i1,
+inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t left, int i0, int i1,
                         __m512i (*vp)[(DV + 15) / 16][16]) {
   constexpr int NV = (DV + 15) / 16;
   alignas(64) static const int16_t order[64] = {  // a, b -> (a_e, b_e) for e = 0..15, then 16..31
@@ -220,13 +220,8 @@ inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t 
   for (int64_t i = i0; i < std::min<int64_t>(i1, (nb + 1) / 2); ++i) {
     const c10::BFloat16* v0 = v + 2 * i * vs;
     const c10::BFloat16* v1 = v0 + vs;
-    if (2 * i + 1 < ahead) {
-      for (int x = 0; x < DV; x += 32) {  // each 64 bytes of both rows
-        __builtin_prefetch(v0 + kAhead * vs + x, 0, 1);
-        __builtin_prefetch(v1 + kAhead * vs + x, 0, 1);
-        __builtin_prefetch(v0 + kNear * vs + x, 0, 3);
-        __builtin_prefetch(v1 + kNear * vs + x, 0, 3);
-      }
+    for (int x = 0; x < DV; x += 32) {  // each 64 bytes of both rows
+      prefetch_rows(v, vs, left, x, 2 * i, 2 * i + 2, kNear);
     }
     for (int e = 0; e < NV; e += 2) {
       const int width = std::min(32, DV - 16 * e);
@@ -283,20 +278,20 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
   const bool shared = c.v == c.k;  // MLA's: the values are the key rows, in cache once the keys are read
   // rows [r0, r1) of the block from b: K rows copied into kc (prefetched, where read in place), V rows paired
   const auto fetch = [&](int64_t b, int r0, int r1, int buf) {
-    const int64_t nb = std::min(kBlock, c.t1 - b), ahead = c.t1 - kAhead - b;
+    const int64_t nb = std::min(kBlock, c.t1 - b);
     for (int j = r0 / 16; j < (r1 + 15) / 16 && 16 * j < nb; ++j) {
       const int u0 = std::max(r0 - 16 * j, 0), u1 = std::min(r1 - 16 * j, 16);
       for (int kk = 0; kk < NK; ++kk) {
         const c10::BFloat16* rows = c.k + (b + 16 * j) * c.ks;
         if (in_place(nb, j, kk)) {
-          prefetch_keys(rows, c.ks, c.t1 - b - 16 * j, kk, u0, u1, 0);  // the rows themselves into L1
+          prefetch_rows(rows, c.ks, c.t1 - b - 16 * j, 32 * kk, u0, u1, 0);  // the rows themselves into L1
         } else {
           copy_keys<D>(rows, c.ks, nb - 16 * j, c.t1 - b - 16 * j, kk, kc[kk][j], u0, u1);
         }
       }
     }
     if (!shared) {
-      value_pairs<DV>(c.v + b * c.vs, c.vs, nb, ahead, r0 / 2, r1 / 2, vp[buf]);
+      value_pairs<DV>(c.v + b * c.vs, c.vs, nb, c.t1 - b, r0 / 2, r1 / 2, vp[buf]);
     }
   };
   // the next block is fetched in F parts, one after each step below: part f is its rows [part(f), part(f + 1))
@@ -352,6 +347,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
     if (next) fetch(b0 + kBlock, part(1), part(2), cur ^ 1);
     if constexpr (G > 8) {
       softmax_positions<G, NV, NV * 16>(st, most, c.scale, p, acc, m, l, nb);
+      if (next) fetch(b0 + kBlock, part(2), part(3), cur ^ 1);
     } else {
       for (int j = 0; j < groups; ++j) {  // turned over: a row of 16 positions per head
         turn16<(G > 4 ? 8 : G > 2 ? 4 : G > 1 ? 2 : 1)>(st[j]);
@@ -362,11 +358,8 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       if (next) fetch(b0 + kBlock, part(2), part(3), cur ^ 1);
       softmax_heads<G, NV, NV * 16>(s, most, c.scale, p, acc, m, l, nb);
     }
-    if constexpr (G > 8) {
-      if (next) fetch(b0 + kBlock, part(2), part(3), cur ^ 1);
-    }
     if (shared) {
-      value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, 0, 0, kBlock / 2, vp[vb]);
+      value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, 0, 0, kBlock / 2, vp[vb]);  // rows just read: no prefetch
     }
     _tile_loadd(4, &p[0][0], kBlock * 2);  // the weights of positions 0..31 (heads x 16 pairs), then 32..63
     if (halves > 1) {
