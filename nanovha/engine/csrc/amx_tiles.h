@@ -8,10 +8,11 @@
 //   softmax over positions: for up to 8 heads, C turned over (turn16) into a row per head, 16
 //     positions to a vector (softmax_heads); for more, the heads as the lanes (softmax_positions)
 //   values, 32 positions at a time: C (heads x 16 of d_v) += p (heads x 32 positions, bf16 pairs)
-//     times the value rows interleaved in pairs (16 pair-rows x 16 of d_v: value_pairs)
+//     times the value rows interleaved in pairs (16 pair-rows x 16 of d_v: value_pairs, one unpack per
+//     slice, whose columns come in lane order and are put back in order at the end: value_column)
 // The next block's rows are read while this one is worked on: its K rows copied and its V rows paired
-// in parts, one after each step here, so the loads from memory overlap the tile products and the
-// softmax.
+// in parts, one after each step here (and each 32 positions of softmax_positions), so the loads from
+// memory overlap the tile products and the softmax.
 // Tiles: scores 0..3 (a group of 16 positions each), q in 4, the keys in 5..7; values 0 and 1 (two
 // slices of d_v), the weights in 4 and 7 (32 positions each), the value pairs in 2, 3, 5, 6. No tile is
 // loaded again while a product may still read it, so the products overlap.
@@ -77,6 +78,7 @@ inline void copy_keys(const c10::BFloat16* row, int64_t ks, int64_t n, int64_t l
 template <int N = 16>
 inline void turn16(__m512i* r) {
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#pragma GCC unroll 4  // unrolled whole, so the 16 rows stay in registers (a loop kept them in memory)
   for (int s = 8; s >= 1; s /= 2) {
     const int rows = std::max(N, s);
     const __mmask16 upper = _mm512_test_epi32_mask(lane, _mm512_set1_epi32(s));  // lanes j with bit s
@@ -84,6 +86,7 @@ inline void turn16(__m512i* r) {
     const __m512i lo = _mm512_mask_add_epi32(lane, upper, lane, _mm512_set1_epi32(16 - s));
     const __m512i hi = _mm512_mask_add_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(s)), upper, lane,
                                              _mm512_set1_epi32(16));
+#pragma GCC unroll 16
     for (int i = 0; i < rows; ++i) {
       if (i & s) continue;
       const __m512i a = r[i], b = r[i + s];
@@ -96,14 +99,14 @@ inline void turn16(__m512i* r) {
 }
 
 // 2^t for finite t <= 0, to 7.5e-5 relative: below the bf16 rounding (4e-3) the weights get for their
-// product. 2^n 2^f with n = round(t), |f| <= 1/2, and 2^f by the cubic of least relative error there
+// product. 2^n 2^f with n = floor(t), f = t - n in [0, 1) (one VREDUCEPS), and 2^f by the cubic of
+// least relative error there; VSCALEFPS multiplies by 2^floor(t)
 inline __m512 exp2_weights(__m512 t) {
-  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT);
-  const __m512 f = _mm512_sub_ps(t, n);
-  __m512 e = _mm512_fmadd_ps(f, _mm512_set1_ps(5.517109e-2f), _mm512_set1_ps(2.4260999e-1f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.9326097e-1f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.9992814e-1f));
-  return _mm512_scalef_ps(e, n);
+  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 e = _mm512_fmadd_ps(f, _mm512_set1_ps(7.8023702e-2f), _mm512_set1_ps(2.2606678e-1f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.9583452e-1f));
+  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.9992502e-1f));
+  return _mm512_scalef_ps(e, t);
 }
 
 // m' = max(m, most), lane by lane (a head each), and e^(scale (m - m')), by which the head's running
@@ -165,10 +168,11 @@ inline void softmax_heads(const float (*s)[kBlock], const V16& most, float scale
 // The same softmax with the heads as the lanes, for groups of more than 8, where a row per head costs
 // more than it saves: st[j][u] holds the raw scores of position 16 j + u, a lane per head. The weights
 // of positions 2i and 2i+1 are interleaved into bf16 pairs, a row per pair, and each 16 rows (32
-// positions) turned over into a row per head, p[g]; rows of heads past G are not kept.
-template <int G, int NV, int PS>
+// positions) turned over into a row per head, p[g]; rows of heads past G are not kept. then(h) runs
+// after each 32 positions h (the caller's fetch).
+template <int G, int NV, int PS, typename Then>
 inline void softmax_positions(const __m512i (*st)[16], const V16& most, float scale, int32_t (*p)[kBlock / 2],
-                              float (*acc)[PS], V16& m, V16& l, int64_t nb) {
+                              float (*acc)[PS], V16& m, V16& l, int64_t nb, Then then) {
   alignas(64) static const int16_t order[32] = {  // (w_2i[g], w_2i+1[g]) for g = 0..15
       0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30,
       15, 31};
@@ -176,15 +180,15 @@ inline void softmax_positions(const __m512i (*st)[16], const V16& most, float sc
   const V16 alpha = raise_max(m, most, scale);
   const float to2 = scale * 1.44269504f;  // e^(scale x) = 2^(to2 x)
   const __m512 by = _mm512_set1_ps(to2), top = _mm512_mul_ps((__m512)m, by);
+  const bool full = nb == kBlock;
   const auto weights = [&](int64_t t) {  // position t's weights, a lane per head; none past nb
-    if (t >= nb) {
-      return _mm512_setzero_ps();
-    }
-    return exp2_weights(_mm512_fmsub_ps(_mm512_castsi512_ps(st[t / 16][t % 16]), by, top));
+    const __m512 w = exp2_weights(_mm512_fmsub_ps(_mm512_castsi512_ps(st[t / 16][t % 16]), by, top));
+    return full ? w : _mm512_maskz_mov_ps(t < nb ? 0xffff : 0, w);
   };
   __m512 sum = _mm512_setzero_ps();
   for (int h = 0; 32 * h < nb; ++h) {
     __m512i pairs[16];
+#pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) {
       const __m512 w0 = weights(32 * h + 2 * i), w1 = weights(32 * h + 2 * i + 1);
       sum = _mm512_add_ps(sum, _mm512_add_ps(w0, w1));
@@ -194,23 +198,32 @@ inline void softmax_positions(const __m512i (*st)[16], const V16& most, float sc
     for (int g = 0; g < G; ++g) {
       _mm512_store_si512(&p[g][16 * h], pairs[g]);
     }
+    then(h);
   }
   l = l * alpha + (V16)sum;
   rescale_rows<G, NV, PS>(acc, alpha);
 }
 
-// The value rows of positions 2i and 2i+1 of a block (rows past nb read as zeros) interleaved, 16 of
-// d_v to a register, for the pairs i0 <= i < i1: vp[i / 16][e][i % 16] holds (v_2i[16 e + x],
-// v_2i+1[16 e + x]) for x = 0..15. Rows ahead are prefetched as prefetch_rows does (left 0: none)
+// The column of d_v that slot x of slice e of the value pairs holds (value_pairs' order): each 32
+// columns are interleaved by 128-bit lanes, 4 of each 8 columns to a slice
+template <int DV>
+constexpr int value_column(int e, int x) {
+  constexpr int NV = (DV + 15) / 16;
+  const int base = 16 * (e & ~1), lane = x / 4, w = x % 4;
+  if (NV % 2 == 1 && e == NV - 1) {  // a last slice of its own: 16 columns, two lanes of 8
+    return base + 8 * (lane % 2) + 4 * (lane / 2) + w;
+  }
+  return base + 8 * lane + 4 * (e & 1) + w;
+}
+
+// The value rows of positions 2i and 2i+1 of a block (rows past nb read as zeros) interleaved, 16
+// columns of d_v to a register, for the pairs i0 <= i < i1: vp[i / 16][e][i % 16] holds (v_2i[c],
+// v_2i+1[c]) for the 16 columns c = value_column(e, x), x = 0..15, made by one unpack each. Rows ahead
+// are prefetched as prefetch_rows does (left 0: none)
 template <int DV>
 inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t left, int i0, int i1,
                         __m512i (*vp)[(DV + 15) / 16][16]) {
   constexpr int NV = (DV + 15) / 16;
-  alignas(64) static const int16_t order[64] = {  // a, b -> (a_e, b_e) for e = 0..15, then 16..31
-      0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
-      11, 43, 12, 44, 13, 45, 14, 46, 15, 47, 16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53,
-      22, 54, 23, 55, 24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-  const __m512i low_pairs = _mm512_load_si512(order), high_pairs = _mm512_load_si512(order + 32);
   const int64_t end = (nb + 31) / 32 * 16;  // pairs up to the end of the last 32 positions
   for (int64_t i = std::max<int64_t>(i0, (nb + 1) / 2); i < std::min<int64_t>(i1, end); ++i) {  // past nb
     for (int e = 0; e < NV; ++e) {
@@ -220,18 +233,27 @@ inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t 
   for (int64_t i = i0; i < std::min<int64_t>(i1, (nb + 1) / 2); ++i) {
     const c10::BFloat16* v0 = v + 2 * i * vs;
     const c10::BFloat16* v1 = v0 + vs;
+    const bool odd = 2 * i + 1 < nb;
     for (int x = 0; x < DV; x += 32) {  // each 64 bytes of both rows
       prefetch_rows(v, vs, left, x, 2 * i, 2 * i + 2, kNear);
     }
-    for (int e = 0; e < NV; e += 2) {
+#pragma GCC unroll 8
+    for (int e = 0; e + 1 < NV; e += 2) {  // 32 columns: two slices
       const int width = std::min(32, DV - 16 * e);
       const __mmask32 cols = width == 32 ? ~0u : (1u << width) - 1;
       const __m512i a = _mm512_maskz_loadu_epi16(cols, v0 + 16 * e);
-      const __m512i b = 2 * i + 1 < nb ? _mm512_maskz_loadu_epi16(cols, v1 + 16 * e) : _mm512_setzero_si512();
-      vp[i / 16][e][i % 16] = _mm512_permutex2var_epi16(a, low_pairs, b);
-      if (e + 1 < NV) {
-        vp[i / 16][e + 1][i % 16] = _mm512_permutex2var_epi16(a, high_pairs, b);
-      }
+      const __m512i b = odd ? _mm512_maskz_loadu_epi16(cols, v1 + 16 * e) : _mm512_setzero_si512();
+      vp[i / 16][e][i % 16] = _mm512_unpacklo_epi16(a, b);
+      vp[i / 16][e + 1][i % 16] = _mm512_unpackhi_epi16(a, b);
+    }
+    if constexpr (NV % 2 == 1) {  // the last 16 columns or fewer
+      const int width = DV - 16 * (NV - 1);
+      const __mmask16 cols = width == 16 ? 0xffff : (1u << width) - 1;
+      const __m256i a = _mm256_maskz_loadu_epi16(cols, v0 + 16 * (NV - 1));
+      const __m256i b = odd ? _mm256_maskz_loadu_epi16(cols, v1 + 16 * (NV - 1)) : _mm256_setzero_si256();
+      __m256i* row = reinterpret_cast<__m256i*>(&vp[i / 16][NV - 1][i % 16]);
+      _mm256_store_si256(row, _mm256_unpacklo_epi16(a, b));
+      _mm256_store_si256(row + 1, _mm256_unpackhi_epi16(a, b));
     }
   }
 }
@@ -295,7 +317,8 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
     }
   };
   // the next block is fetched in F parts, one after each step below: part f is its rows [part(f), part(f + 1))
-  constexpr int F = 3 + (NV + 1) / 2;
+  constexpr int S = G > 8 ? kBlock / 32 : 1;  // parts in the softmax: after each 32 positions of softmax_positions
+  constexpr int F = 2 + S + (NV + 1) / 2;
   const auto part = [](int f) { return 2 * ((32 * f + F / 2) / F); };
   fetch(c.t0, 0, kBlock, 0);
   _tile_loadconfig(&config);
@@ -346,8 +369,9 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
     }
     if (next) fetch(b0 + kBlock, part(1), part(2), cur ^ 1);
     if constexpr (G > 8) {
-      softmax_positions<G, NV, NV * 16>(st, most, c.scale, p, acc, m, l, nb);
-      if (next) fetch(b0 + kBlock, part(2), part(3), cur ^ 1);
+      softmax_positions<G, NV, NV * 16>(st, most, c.scale, p, acc, m, l, nb, [&](int h) {
+        if (next) fetch(b0 + kBlock, part(2 + h), part(3 + h), cur ^ 1);
+      });
     } else {
       for (int j = 0; j < groups; ++j) {  // turned over: a row of 16 positions per head
         turn16<(G > 4 ? 8 : G > 2 ? 4 : G > 1 ? 2 : 1)>(st[j]);
@@ -387,14 +411,21 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       if (two) {
         _tile_stored(1, &acc[0][16 * e + 16], NV * 64);
       }
-      if (next) fetch(b0 + kBlock, part(3 + e / 2), part(4 + e / 2), cur ^ 1);
+      if (next) fetch(b0 + kBlock, part(2 + S + e / 2), part(3 + S + e / 2), cur ^ 1);
     }
   }
   _tile_release();
   for (int g = 0; g < G; ++g) {
     c.m[g] = m[g] * c.scale;  // in the units of the scaled scores, as the other paths
     c.l[g] = l[g];
-    std::memcpy(c.acc + g * DV, acc[g], DV * sizeof(float));
+    for (int e = 0; e < NV; ++e) {  // back to the columns of d_v
+      for (int x = 0; x < 16; ++x) {
+        const int col = value_column<DV>(e, x);
+        if (col < DV) {
+          c.acc[g * DV + col] = acc[g][16 * e + x];
+        }
+      }
+    }
   }
 }
 
