@@ -11,11 +11,12 @@
 //     times the value rows interleaved in pairs (16 pair-rows x 16 of d_v: value_pairs, one unpack per
 //     slice, whose columns come in lane order and are put back in order at the end: value_column)
 // The next block's rows are read while this one is worked on: its K rows copied and its V rows paired
-// in parts, one after each step here (and each 32 positions of softmax_positions), so the loads from
+// in parts, one after each step here (and each 16 positions of softmax_positions), so the loads from
 // memory overlap the tile products and the softmax.
-// Tiles: scores 0..3 (a group of 16 positions each), q in 4, the keys in 5..7; values 0 and 1 (two
-// slices of d_v), the weights in 4 and 7 (32 positions each), the value pairs in 2, 3, 5, 6. No tile is
-// loaded again while a product may still read it, so the products overlap.
+// A block is 32 positions (kAmxBlock): its rows, the next block's on their way in and the value pairs
+// then stay in L1 for rows up to 144 wide, which a block of 64 overflowed (docs/benchmarks.md).
+// Tiles: scores 0 and 1 (16 positions each), q in 4, the keys in 5 and 6; values 0 and 1 (two slices of
+// d_v), the weights in 4 (heads x 16 pairs of positions), the value pairs in 2 and 3.
 // The weights p are rounded to bf16 for their product, as PyTorch's flash kernel rounds them; the
 // scores are exact products summed in float. K and V are prefetched well ahead into L2 and just ahead
 // into L1.
@@ -36,8 +37,9 @@
 
 namespace nanovha {
 
+constexpr int64_t kAmxBlock = 32;  // positions per block: two score tiles, one weight tile (see the top)
 constexpr int64_t kAhead = 512;  // rows a prefetch into L2 runs ahead of the row read
-constexpr int64_t kNear = 64;  // and one into L1
+constexpr int64_t kNear = 32;  // and one into L1
 
 // (q[g][d], q[g][d + 1]) of qT (D, G) floats as a bf16 pair, zero past D: exact, as q came from bf16
 inline int32_t bf16_pair(const float* qT, int G, int g, int d, int D) {
@@ -134,10 +136,10 @@ inline void rescale_rows(float (*acc)[PS], const V16& alpha) {
 // each head's accumulator row (NV registers) scaled by e^(scale (m - m')), and its weights written as
 // bf16 pairs of positions (p_2i, p_2i+1) in p[g] (zeros past nb). m stays in raw units.
 template <int G, int NV, int PS>
-inline void softmax_heads(const float (*s)[kBlock], const V16& most, float scale, int32_t (*p)[kBlock / 2],
+inline void softmax_heads(const float (*s)[kAmxBlock], const V16& most, float scale, int32_t (*p)[kAmxBlock / 2],
                           float (*acc)[PS], V16& m, V16& l, int64_t nb) {
-  __mmask16 valid[kBlock / 16];  // the positions of each 16 that are before nb
-  for (int v = 0; v < kBlock / 16; ++v) {
+  __mmask16 valid[kAmxBlock / 16];  // the positions of each 16 that are before nb
+  for (int v = 0; v < kAmxBlock / 16; ++v) {
     const int64_t n = std::clamp<int64_t>(nb - 16 * v, 0, 16);
     valid[v] = static_cast<__mmask16>((1u << n) - 1);
   }
@@ -145,11 +147,11 @@ inline void softmax_heads(const float (*s)[kBlock], const V16& most, float scale
   const V16 alpha = raise_max(m, most, scale);
   const float to2 = scale * 1.44269504f;  // e^(scale x) = 2^(to2 x)
   const __m512 by = _mm512_set1_ps(to2);
-  const bool full = nb == kBlock;
+  const bool full = nb == kAmxBlock;
   for (int g = 0; g < 16; ++g) {
     __m512 sum = _mm512_setzero_ps();
     const __m512 top = _mm512_set1_ps(m[g] * to2);
-    for (int h = 0; g < G && h < kBlock / 32; ++h) {  // 32 weights -> 16 bf16 pairs; none past nb
+    for (int h = 0; g < G && h < kAmxBlock / 32; ++h) {  // 32 weights -> 16 bf16 pairs; none past nb
       __m512 lo = exp2_weights(_mm512_fmsub_ps(_mm512_load_ps(&s[g][32 * h]), by, top));
       __m512 hi = exp2_weights(_mm512_fmsub_ps(_mm512_load_ps(&s[g][32 * h + 16]), by, top));
       if (!full) {
@@ -168,10 +170,10 @@ inline void softmax_heads(const float (*s)[kBlock], const V16& most, float scale
 // The same softmax with the heads as the lanes, for groups of more than 8, where a row per head costs
 // more than it saves: st[j][u] holds the raw scores of position 16 j + u, a lane per head. The weights
 // of positions 2i and 2i+1 are interleaved into bf16 pairs, a row per pair, and each 16 rows (32
-// positions) turned over into a row per head, p[g]; rows of heads past G are not kept. then(h) runs
-// after each 32 positions h (the caller's fetch).
+// positions) turned over into a row per head, p[g]; rows of heads past G are not kept. then(k) runs
+// after each 16 positions k (the caller's fetch).
 template <int G, int NV, int PS, typename Then>
-inline void softmax_positions(const __m512i (*st)[16], const V16& most, float scale, int32_t (*p)[kBlock / 2],
+inline void softmax_positions(const __m512i (*st)[16], const V16& most, float scale, int32_t (*p)[kAmxBlock / 2],
                               float (*acc)[PS], V16& m, V16& l, int64_t nb, Then then) {
   alignas(64) static const int16_t order[32] = {  // (w_2i[g], w_2i+1[g]) for g = 0..15
       0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30,
@@ -180,7 +182,7 @@ inline void softmax_positions(const __m512i (*st)[16], const V16& most, float sc
   const V16 alpha = raise_max(m, most, scale);
   const float to2 = scale * 1.44269504f;  // e^(scale x) = 2^(to2 x)
   const __m512 by = _mm512_set1_ps(to2), top = _mm512_mul_ps((__m512)m, by);
-  const bool full = nb == kBlock;
+  const bool full = nb == kAmxBlock;
   const auto weights = [&](int64_t t) {  // position t's weights, a lane per head; none past nb
     const __m512 w = exp2_weights(_mm512_fmsub_ps(_mm512_castsi512_ps(st[t / 16][t % 16]), by, top));
     return full ? w : _mm512_maskz_mov_ps(t < nb ? 0xffff : 0, w);
@@ -193,12 +195,14 @@ inline void softmax_positions(const __m512i (*st)[16], const V16& most, float sc
       const __m512 w0 = weights(32 * h + 2 * i), w1 = weights(32 * h + 2 * i + 1);
       sum = _mm512_add_ps(sum, _mm512_add_ps(w0, w1));
       pairs[i] = _mm512_permutexvar_epi16(pairs_of_heads, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+      if (i % 8 == 7) {
+        then(2 * h + i / 8);
+      }
     }
     turn16<16>(pairs);
     for (int g = 0; g < G; ++g) {
       _mm512_store_si512(&p[g][16 * h], pairs[g]);
     }
-    then(h);
   }
   l = l * alpha + (V16)sum;
   rescale_rows<G, NV, PS>(acc, alpha);
@@ -279,13 +283,14 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
   constexpr int NV = (DV + 15) / 16;
   constexpr bool kInPlace = D >= 64;
   static_assert(G <= kAmxHeads, "heads in a tile's 16 rows");
+  static_assert(kAmxBlock == 32, "a block: two score tiles of 16 positions, one weight tile of 16 pairs");
   static const TileConfig config;
   alignas(64) int32_t qb[NK][16][kAmxHeads] = {};  // [piece kk][pair i][head g]: q[g][32 kk + 2i], its next
-  alignas(64) c10::BFloat16 kc[NK][kBlock / 16][16][32];  // 16 K rows' pieces, copied: zeros past nb and D
-  alignas(64) __m512i st[kBlock / 16][16];  // the scores of 16 positions x 16 heads, then turned over
-  alignas(64) float s[kAmxHeads][kBlock];  // scores, then weights, one row per head
-  alignas(64) int32_t p[kAmxHeads][kBlock / 2] = {};  // weights as bf16 pairs; heads past G stay zero
-  alignas(64) __m512i vp[2][kBlock / 32][NV][16];
+  alignas(64) c10::BFloat16 kc[NK][2][16][32];  // 16 K rows' pieces, copied: zeros past nb and D
+  alignas(64) __m512i st[2][16];  // the scores of 16 positions x 16 heads, then turned over
+  alignas(64) float s[kAmxHeads][kAmxBlock];  // scores, then weights, one row per head
+  alignas(64) int32_t p[kAmxHeads][kAmxBlock / 2] = {};  // weights as bf16 pairs; heads past G stay zero
+  alignas(64) __m512i vp[2][NV][16];
   alignas(64) float acc[kAmxHeads][NV * 16] = {};
   V16 m = V16{} - std::numeric_limits<float>::infinity(), l = {};  // lane g: head g's
   for (int g = 0; g < G; ++g) {
@@ -300,7 +305,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
   const bool shared = c.v == c.k;  // MLA's: the values are the key rows, in cache once the keys are read
   // rows [r0, r1) of the block from b: K rows copied into kc (prefetched, where read in place), V rows paired
   const auto fetch = [&](int64_t b, int r0, int r1, int buf) {
-    const int64_t nb = std::min(kBlock, c.t1 - b);
+    const int64_t nb = std::min(kAmxBlock, c.t1 - b);
     for (int j = r0 / 16; j < (r1 + 15) / 16 && 16 * j < nb; ++j) {
       const int u0 = std::max(r0 - 16 * j, 0), u1 = std::min(r1 - 16 * j, 16);
       for (int kk = 0; kk < NK; ++kk) {
@@ -313,64 +318,52 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       }
     }
     if (!shared) {
-      value_pairs<DV>(c.v + b * c.vs, c.vs, nb, c.t1 - b, r0 / 2, r1 / 2, vp[buf]);
+      value_pairs<DV>(c.v + b * c.vs, c.vs, nb, c.t1 - b, r0 / 2, r1 / 2, vp + buf);
     }
   };
   // the next block is fetched in F parts, one after each step below: part f is its rows [part(f), part(f + 1))
-  constexpr int S = G > 8 ? kBlock / 32 : 1;  // parts in the softmax: after each 32 positions of softmax_positions
+  constexpr int S = G > 8 ? 2 : 1;  // parts in the softmax: after each 16 positions of softmax_positions
   constexpr int F = 2 + S + (NV + 1) / 2;
-  const auto part = [](int f) { return 2 * ((32 * f + F / 2) / F); };
-  fetch(c.t0, 0, kBlock, 0);
+  const auto part = [](int f) { return 2 * ((16 * f + F / 2) / F); };
+  fetch(c.t0, 0, kAmxBlock, 0);
   _tile_loadconfig(&config);
   // Each part of the next block is fetched once this block has read what it overwrites (kc once the score
   // tiles are loaded; vp is two buffers, or one for MLA's, paired from the rows this block just read), so
   // the loads from memory stay in flight under this block's work
-  for (int64_t b0 = c.t0, cur = 0; b0 < c.t1; b0 += kBlock, cur ^= 1) {
-    const int64_t nb = std::min(kBlock, c.t1 - b0);
-    const int groups = static_cast<int>((nb + 15) / 16), halves = static_cast<int>((nb + 31) / 32);
-    const bool next = b0 + kBlock < c.t1;
+  for (int64_t b0 = c.t0, cur = 0; b0 < c.t1; b0 += kAmxBlock, cur ^= 1) {
+    const int64_t nb = std::min(kAmxBlock, c.t1 - b0);
+    const int groups = static_cast<int>((nb + 15) / 16);
+    const bool next = b0 + kAmxBlock < c.t1;
     const int64_t vb = shared ? 0 : cur;  // this block's value pairs
     _tile_zero(0);
     _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
     for (int kk = 0; kk < NK; ++kk) {  // s^T[16 j + x, g] += k_(16 j + x) . q[g], 32 of d at a time
-      const c10::BFloat16* keys[kBlock / 16];  // each 16 rows' piece: in place, or copied
-      int64_t stride[kBlock / 16];
+      const c10::BFloat16* keys[2];  // each 16 rows' piece: in place, or copied
+      int64_t stride[2];
       for (int j = 0; j < groups; ++j) {
         keys[j] = in_place(nb, j, kk) ? c.k + (b0 + 16 * j) * c.ks + 32 * kk : kc[kk][j][0];
         stride[j] = in_place(nb, j, kk) ? c.ks * 2 : 64;
       }
       _tile_loadd(4, qb[kk], 64);
-      _tile_loadd(5, keys[0], stride[0]);  // each 16 keys in a tile of their own (7, then 5 again for the last)
+      _tile_loadd(5, keys[0], stride[0]);  // each 16 keys in a tile of their own
       _tile_dpbf16ps(0, 5, 4);
       if (groups > 1) {
         _tile_loadd(6, keys[1], stride[1]);
         _tile_dpbf16ps(1, 6, 4);
       }
-      if (groups > 2) {
-        _tile_loadd(7, keys[2], stride[2]);
-        _tile_dpbf16ps(2, 7, 4);
-      }
-      if (groups > 3) {
-        _tile_loadd(5, keys[3], stride[3]);
-        _tile_dpbf16ps(3, 5, 4);
-      }
     }
-    if (next) fetch(b0 + kBlock, part(0), part(1), cur ^ 1);
+    if (next) fetch(b0 + kAmxBlock, part(0), part(1), cur ^ 1);
     _tile_stored(0, st[0], 64);
     _tile_stored(1, st[1], 64);
-    _tile_stored(2, st[2], 64);
-    _tile_stored(3, st[3], 64);
     V16 most = V16{} - std::numeric_limits<float>::infinity();  // lane g: head g's largest score
     for (int64_t t = 0; t < nb; ++t) {
       const V16 row = (V16)_mm512_castsi512_ps(st[t / 16][t % 16]);
       most = most > row ? most : row;
     }
-    if (next) fetch(b0 + kBlock, part(1), part(2), cur ^ 1);
+    if (next) fetch(b0 + kAmxBlock, part(1), part(2), cur ^ 1);
     if constexpr (G > 8) {
-      softmax_positions<G, NV, NV * 16>(st, most, c.scale, p, acc, m, l, nb, [&](int h) {
-        if (next) fetch(b0 + kBlock, part(2 + h), part(3 + h), cur ^ 1);
+      softmax_positions<G, NV, NV * 16>(st, most, c.scale, p, acc, m, l, nb, [&](int k) {
+        if (next) fetch(b0 + kAmxBlock, part(2 + k), part(3 + k), cur ^ 1);
       });
     } else {
       for (int j = 0; j < groups; ++j) {  // turned over: a row of 16 positions per head
@@ -379,39 +372,28 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
           _mm512_store_si512(&s[g][16 * j], st[j][g]);
         }
       }
-      if (next) fetch(b0 + kBlock, part(2), part(3), cur ^ 1);
+      if (next) fetch(b0 + kAmxBlock, part(2), part(3), cur ^ 1);
       softmax_heads<G, NV, NV * 16>(s, most, c.scale, p, acc, m, l, nb);
     }
     if (shared) {
-      value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, 0, 0, kBlock / 2, vp[vb]);  // rows just read: no prefetch
+      value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, 0, 0, kAmxBlock / 2, vp + vb);  // rows just read: no prefetch
     }
-    _tile_loadd(4, &p[0][0], kBlock * 2);  // the weights of positions 0..31 (heads x 16 pairs), then 32..63
-    if (halves > 1) {
-      _tile_loadd(7, &p[0][16], kBlock * 2);
-    }
+    _tile_loadd(4, &p[0][0], kAmxBlock * 2);  // the weights: heads x 16 pairs of positions
     for (int e = 0; e < NV; e += 2) {  // acc[:, 16 e ..] += p times the value pairs, two slices at a time,
       const bool two = e + 1 < NV;     // each operand in a tile of its own
       _tile_loadd(0, &acc[0][16 * e], NV * 64);
-      _tile_loadd(2, vp[vb][0][e], 64);
+      _tile_loadd(2, vp[vb][e], 64);
       _tile_dpbf16ps(0, 4, 2);
       if (two) {
         _tile_loadd(1, &acc[0][16 * e + 16], NV * 64);
-        _tile_loadd(3, vp[vb][0][e + 1], 64);
+        _tile_loadd(3, vp[vb][e + 1], 64);
         _tile_dpbf16ps(1, 4, 3);
-      }
-      if (halves > 1) {
-        _tile_loadd(5, vp[vb][1][e], 64);
-        _tile_dpbf16ps(0, 7, 5);
-        if (two) {
-          _tile_loadd(6, vp[vb][1][e + 1], 64);
-          _tile_dpbf16ps(1, 7, 6);
-        }
       }
       _tile_stored(0, &acc[0][16 * e], NV * 64);
       if (two) {
         _tile_stored(1, &acc[0][16 * e + 16], NV * 64);
       }
-      if (next) fetch(b0 + kBlock, part(2 + S + e / 2), part(3 + S + e / 2), cur ^ 1);
+      if (next) fetch(b0 + kAmxBlock, part(2 + S + e / 2), part(3 + S + e / 2), cur ^ 1);
     }
   }
   _tile_release();
