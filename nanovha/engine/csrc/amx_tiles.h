@@ -15,8 +15,8 @@
 // memory overlap the tile products and the softmax.
 // A block is 32 positions (kAmxBlock): its rows, the next block's on their way in and the value pairs
 // then stay in L1 for rows up to 144 wide, which a block of 64 overflowed (docs/benchmarks.md).
-// Tiles: scores 0 and 1 (16 positions each), q in 4, the keys in 5 and 6; values 0 and 1 (two slices of
-// d_v), the weights in 4 (heads x 16 pairs of positions), the value pairs in 2 and 3.
+// Tiles: scores 0 and 1 (16 positions each), q and the keys in 4, 5, 6 and 7, 2, 3 by turns; values 0 and
+// 1 (two slices of d_v), the weights in 4 (heads x 16 pairs of positions), the value pairs in 2 and 3.
 // The weights p are rounded to bf16 for their product, as PyTorch's flash kernel rounds them; the
 // scores are exact products summed in float. K and V are prefetched well ahead into L2 and just ahead
 // into L1.
@@ -344,12 +344,22 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
         keys[j] = in_place(nb, j, kk) ? c.k + (b0 + 16 * j) * c.ks + 32 * kk : kc[kk][j][0];
         stride[j] = in_place(nb, j, kk) ? c.ks * 2 : 64;
       }
-      _tile_loadd(4, qb[kk], 64);
-      _tile_loadd(5, keys[0], stride[0]);  // each 16 keys in a tile of their own
-      _tile_dpbf16ps(0, 5, 4);
-      if (groups > 1) {
-        _tile_loadd(6, keys[1], stride[1]);
-        _tile_dpbf16ps(1, 6, 4);
+      if (kk % 2 == 0) {  // q and the keys alternate between two sets of tiles, so no load waits for the
+        _tile_loadd(4, qb[kk], 64);  // product before it to read its tile
+        _tile_loadd(5, keys[0], stride[0]);  // each 16 keys in a tile of their own
+        _tile_dpbf16ps(0, 5, 4);
+        if (groups > 1) {
+          _tile_loadd(6, keys[1], stride[1]);
+          _tile_dpbf16ps(1, 6, 4);
+        }
+      } else {
+        _tile_loadd(7, qb[kk], 64);
+        _tile_loadd(2, keys[0], stride[0]);
+        _tile_dpbf16ps(0, 2, 7);
+        if (groups > 1) {
+          _tile_loadd(3, keys[1], stride[1]);
+          _tile_dpbf16ps(1, 3, 7);
+        }
       }
     }
     if (next) fetch(b0 + kAmxBlock, part(0), part(1), cur ^ 1);
