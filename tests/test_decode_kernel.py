@@ -57,6 +57,9 @@ CASES = {
     "group8_d128_odd_bf16": (1, 2, 8, 128, 128, 900, 870, torch.bfloat16, BF16),  # a last block of 39 rows
     "group4_d64_bf16": (2, 2, 4, 64, 64, 1030, 1028, torch.bfloat16, BF16),
     "mla_latent_bf16": (1, 1, 16, 144, 144, 1000, 998, torch.bfloat16, BF16),  # [c_kv ; k_R]: 128 + 16
+    "latent_values_apart_bf16": (1, 1, 16, 144, 144, 700, 690, torch.bfloat16, BF16),  # 9 slices of d_v, v not k
+    "group16_d16_bf16": (1, 2, 16, 16, 16, 500, 498, torch.bfloat16, BF16),  # one slice of d_v; a last block of 19
+    "group8_d64_last5_bf16": (1, 1, 8, 64, 64, 300, 292, torch.bfloat16, BF16),  # keys in place, a last block of 5
 }
 
 
