@@ -150,16 +150,16 @@ inline void softmax_heads(const float (*s)[kAmxBlock], const V16& most, float sc
   const bool full = nb == kAmxBlock;
   for (int g = 0; g < 16; ++g) {
     __m512 sum = _mm512_setzero_ps();
-    const __m512 top = _mm512_set1_ps(m[g] * to2);
-    for (int h = 0; g < G && h < kAmxBlock / 32; ++h) {  // 32 weights -> 16 bf16 pairs; none past nb
-      __m512 lo = exp2_weights(_mm512_fmsub_ps(_mm512_load_ps(&s[g][32 * h]), by, top));
-      __m512 hi = exp2_weights(_mm512_fmsub_ps(_mm512_load_ps(&s[g][32 * h + 16]), by, top));
+    if (g < G) {  // the block's 32 weights -> 16 bf16 pairs; none past nb
+      const __m512 top = _mm512_set1_ps(m[g] * to2);
+      __m512 lo = exp2_weights(_mm512_fmsub_ps(_mm512_load_ps(&s[g][0]), by, top));
+      __m512 hi = exp2_weights(_mm512_fmsub_ps(_mm512_load_ps(&s[g][16]), by, top));
       if (!full) {
-        lo = _mm512_maskz_mov_ps(valid[2 * h], lo);
-        hi = _mm512_maskz_mov_ps(valid[2 * h + 1], hi);
+        lo = _mm512_maskz_mov_ps(valid[0], lo);
+        hi = _mm512_maskz_mov_ps(valid[1], hi);
       }
-      sum = _mm512_add_ps(sum, _mm512_add_ps(lo, hi));
-      _mm512_store_si512(&p[g][16 * h], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+      sum = _mm512_add_ps(lo, hi);
+      _mm512_store_si512(&p[g][0], (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
     part[g] = (V16)sum;
   }
@@ -169,7 +169,7 @@ inline void softmax_heads(const float (*s)[kAmxBlock], const V16& most, float sc
 
 // The same softmax with the heads as the lanes, for groups of more than 8, where a row per head costs
 // more than it saves: st[j][u] holds the raw scores of position 16 j + u, a lane per head. The weights
-// of positions 2i and 2i+1 are interleaved into bf16 pairs, a row per pair, and each 16 rows (32
+// of positions 2i and 2i+1 are interleaved into bf16 pairs, a row per pair, and the block's 16 rows (32
 // positions) turned over into a row per head, p[g]; rows of heads past G are not kept. then(k) runs
 // after each 16 positions k (the caller's fetch).
 template <int G, int NV, int PS, typename Then>
@@ -188,21 +188,19 @@ inline void softmax_positions(const __m512i (*st)[16], const V16& most, float sc
     return full ? w : _mm512_maskz_mov_ps(t < nb ? 0xffff : 0, w);
   };
   __m512 sum = _mm512_setzero_ps();
-  for (int h = 0; 32 * h < nb; ++h) {
-    __m512i pairs[16];
+  __m512i pairs[16];
 #pragma GCC unroll 16
-    for (int i = 0; i < 16; ++i) {
-      const __m512 w0 = weights(32 * h + 2 * i), w1 = weights(32 * h + 2 * i + 1);
-      sum = _mm512_add_ps(sum, _mm512_add_ps(w0, w1));
-      pairs[i] = _mm512_permutexvar_epi16(pairs_of_heads, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
-      if (i % 8 == 7) {
-        then(2 * h + i / 8);
-      }
+  for (int i = 0; i < 16; ++i) {
+    const __m512 w0 = weights(2 * i), w1 = weights(2 * i + 1);
+    sum = _mm512_add_ps(sum, _mm512_add_ps(w0, w1));
+    pairs[i] = _mm512_permutexvar_epi16(pairs_of_heads, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+    if (i % 8 == 7) {
+      then(i / 8);
     }
-    turn16<16>(pairs);
-    for (int g = 0; g < G; ++g) {
-      _mm512_store_si512(&p[g][16 * h], pairs[g]);
-    }
+  }
+  turn16<16>(pairs);
+  for (int g = 0; g < G; ++g) {
+    _mm512_store_si512(&p[g][0], pairs[g]);
   }
   l = l * alpha + (V16)sum;
   rescale_rows<G, NV, PS>(acc, alpha);
@@ -221,17 +219,16 @@ constexpr int value_column(int e, int x) {
 }
 
 // The value rows of positions 2i and 2i+1 of a block (rows past nb read as zeros) interleaved, 16
-// columns of d_v to a register, for the pairs i0 <= i < i1: vp[i / 16][e][i % 16] holds (v_2i[c],
+// columns of d_v to a register, for the pairs i0 <= i < i1: vp[e][i] holds (v_2i[c],
 // v_2i+1[c]) for the 16 columns c = value_column(e, x), x = 0..15, made by one unpack each. Rows ahead
 // are prefetched as prefetch_rows does (left 0: none)
 template <int DV>
 inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t left, int i0, int i1,
-                        __m512i (*vp)[(DV + 15) / 16][16]) {
+                        __m512i (*vp)[kAmxBlock / 2]) {
   constexpr int NV = (DV + 15) / 16;
-  const int64_t end = (nb + 31) / 32 * 16;  // pairs up to the end of the last 32 positions
-  for (int64_t i = std::max<int64_t>(i0, (nb + 1) / 2); i < std::min<int64_t>(i1, end); ++i) {  // past nb
+  for (int64_t i = std::max<int64_t>(i0, (nb + 1) / 2); i < i1; ++i) {  // past nb
     for (int e = 0; e < NV; ++e) {
-      vp[i / 16][e][i % 16] = _mm512_setzero_si512();
+      vp[e][i] = _mm512_setzero_si512();
     }
   }
   for (int64_t i = i0; i < std::min<int64_t>(i1, (nb + 1) / 2); ++i) {
@@ -247,15 +244,15 @@ inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t 
       const __mmask32 cols = width == 32 ? ~0u : (1u << width) - 1;
       const __m512i a = _mm512_maskz_loadu_epi16(cols, v0 + 16 * e);
       const __m512i b = odd ? _mm512_maskz_loadu_epi16(cols, v1 + 16 * e) : _mm512_setzero_si512();
-      vp[i / 16][e][i % 16] = _mm512_unpacklo_epi16(a, b);
-      vp[i / 16][e + 1][i % 16] = _mm512_unpackhi_epi16(a, b);
+      vp[e][i] = _mm512_unpacklo_epi16(a, b);
+      vp[e + 1][i] = _mm512_unpackhi_epi16(a, b);
     }
     if constexpr (NV % 2 == 1) {  // the last 16 columns or fewer
       const int width = DV - 16 * (NV - 1);
       const __mmask16 cols = width == 16 ? 0xffff : (1u << width) - 1;
       const __m256i a = _mm256_maskz_loadu_epi16(cols, v0 + 16 * (NV - 1));
       const __m256i b = odd ? _mm256_maskz_loadu_epi16(cols, v1 + 16 * (NV - 1)) : _mm256_setzero_si256();
-      __m256i* row = reinterpret_cast<__m256i*>(&vp[i / 16][NV - 1][i % 16]);
+      __m256i* row = reinterpret_cast<__m256i*>(&vp[NV - 1][i]);
       _mm256_store_si256(row, _mm256_unpacklo_epi16(a, b));
       _mm256_store_si256(row + 1, _mm256_unpackhi_epi16(a, b));
     }
@@ -290,7 +287,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
   alignas(64) __m512i st[2][16];  // the scores of 16 positions x 16 heads, then turned over
   alignas(64) float s[kAmxHeads][kAmxBlock];  // scores, then weights, one row per head
   alignas(64) int32_t p[kAmxHeads][kAmxBlock / 2] = {};  // weights as bf16 pairs; heads past G stay zero
-  alignas(64) __m512i vp[2][NV][16];
+  alignas(64) __m512i vp[2][NV][kAmxBlock / 2];  // two blocks' value pairs: [slice e][pair i]
   alignas(64) float acc[kAmxHeads][NV * 16] = {};
   V16 m = V16{} - std::numeric_limits<float>::infinity(), l = {};  // lane g: head g's
   for (int g = 0; g < G; ++g) {
@@ -318,7 +315,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       }
     }
     if (!shared) {
-      value_pairs<DV>(c.v + b * c.vs, c.vs, nb, c.t1 - b, r0 / 2, r1 / 2, vp + buf);
+      value_pairs<DV>(c.v + b * c.vs, c.vs, nb, c.t1 - b, r0 / 2, r1 / 2, vp[buf]);
     }
   };
   // the next block is fetched in F parts, one after each step below: part f is its rows [part(f), part(f + 1))
@@ -386,7 +383,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       softmax_heads<G, NV, NV * 16>(s, most, c.scale, p, acc, m, l, nb);
     }
     if (shared) {
-      value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, 0, 0, kAmxBlock / 2, vp + vb);  // rows just read: no prefetch
+      value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, 0, 0, kAmxBlock / 2, vp[vb]);  // rows just read: no prefetch
     }
     _tile_loadd(4, &p[0][0], kAmxBlock * 2);  // the weights: heads x 16 pairs of positions
     for (int e = 0; e < NV; e += 2) {  // acc[:, 16 e ..] += p times the value pairs, two slices at a time,
