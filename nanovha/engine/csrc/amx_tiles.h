@@ -13,13 +13,10 @@
 // The next block's rows are read while this one is worked on: its K rows copied and its V rows paired
 // in parts, one after each step here (and each 16 positions of softmax_positions), so the loads from
 // memory overlap the tile products and the softmax.
-// A block is 32 positions (kAmxBlock): its rows, the next block's on their way in and the value pairs
-// then stay in L1 for rows up to 144 wide, which a block of 64 overflowed (docs/benchmarks.md).
 // Tiles: scores 0 and 1 (16 positions each), q and the keys in 4, 5, 6 and 7, 2, 3 by turns; values 0 and
 // 1 (two slices of d_v), the weights in 4 (heads x 16 pairs of positions), the value pairs in 2 and 3.
-// The weights p are rounded to bf16 for their product, as PyTorch's flash kernel rounds them; the
-// scores are exact products summed in float. K and V are prefetched well ahead into L2 and just ahead
-// into L1.
+// A block is kPairBlock = 32 positions and the weights are rounded to bf16 (bf16_pairs.h); K and V are
+// prefetched well ahead into L2 and just ahead into L1.
 #pragma once
 
 #include <immintrin.h>
@@ -33,33 +30,10 @@
 
 #include <c10/util/BFloat16.h>
 
+#include "bf16_pairs.h"
 #include "decode_common.h"
 
 namespace nanovha {
-
-constexpr int64_t kAmxBlock = 32;  // positions per block: two score tiles, one weight tile (see the top)
-constexpr int64_t kAhead = 512;  // rows a prefetch into L2 runs ahead of the row read
-constexpr int64_t kNear = 32;  // and one into L1
-
-// (q[g][d], q[g][d + 1]) of qT (D, G) floats as a bf16 pair, zero past D: exact, as q came from bf16
-inline int32_t bf16_pair(const float* qT, int G, int g, int d, int D) {
-  uint32_t lo, hi = 0;
-  std::memcpy(&lo, qT + d * G + g, 4);
-  if (d + 1 < D) {
-    std::memcpy(&hi, qT + (d + 1) * G + g, 4);
-  }
-  return static_cast<int32_t>((lo >> 16) | (hi & 0xffff0000u));
-}
-
-// The 64 bytes from column x of rows u0..u1-1 from `row` (stride rs), of which `left` are before the
-// chunk's end: prefetched into L1 `near` rows ahead and into L2 kAhead rows ahead (none near the end)
-inline void prefetch_rows(const c10::BFloat16* row, int64_t rs, int64_t left, int x, int64_t u0, int64_t u1,
-                          int64_t near) {
-  for (int64_t u = u0; u < u1 && u + kAhead < left; ++u) {
-    __builtin_prefetch(row + (u + kAhead) * rs + x, 0, 1);
-    __builtin_prefetch(row + (u + near) * rs + x, 0, 3);
-  }
-}
 
 // K rows u0..u1-1 from `row`, 32 of d from column 32 kk, copied to `to`, prefetching kNear rows ahead:
 // zeros past D and for the rows from n on, which are not read
@@ -100,35 +74,6 @@ inline void turn16(__m512i* r) {
   }
 }
 
-// 2^t for finite t <= 0, to 7.5e-5 relative: below the bf16 rounding (4e-3) the weights get for their
-// product. 2^n 2^f with n = floor(t), f = t - n in [0, 1) (one VREDUCEPS), and 2^f by the cubic of
-// least relative error there; VSCALEFPS multiplies by 2^floor(t)
-inline __m512 exp2_weights(__m512 t) {
-  const __m512 f = _mm512_reduce_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 e = _mm512_fmadd_ps(f, _mm512_set1_ps(7.8023702e-2f), _mm512_set1_ps(2.2606678e-1f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(6.9583452e-1f));
-  e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(9.9992502e-1f));
-  return _mm512_scalef_ps(e, t);
-}
-
-// m' = max(m, most), lane by lane (a head each), and e^(scale (m - m')), by which the head's running
-// sum and accumulators are scaled
-inline V16 raise_max(V16& m, const V16& most, float scale) {
-  const V16 m_old = m;
-  m = m_old > most ? m_old : most;
-  return Lanes<16>::exp_le0((m_old - m) * scale);
-}
-
-// acc[g] *= alpha[g] for the heads g < G whose maximum moved (most blocks move few or none)
-template <int G, int NV, int PS>
-inline void rescale_rows(float (*acc)[PS], const V16& alpha) {
-  for (int g = 0; g < G; ++g) {
-    for (int e = 0; e < NV && alpha[g] != 1.0f; ++e) {
-      const __m512 scaled = _mm512_mul_ps(_mm512_load_ps(&acc[g][16 * e]), _mm512_set1_ps(alpha[g]));
-      _mm512_store_ps(&acc[g][16 * e], scaled);
-    }
-  }
-}
 
 // The online softmax of heads g < G over a block of nb raw scores s[g][0..nb) (q . k, before the
 // scale > 0), whose largest are `most`; lane g of m, l and most is head g's:
@@ -136,10 +81,10 @@ inline void rescale_rows(float (*acc)[PS], const V16& alpha) {
 // each head's accumulator row (NV registers) scaled by e^(scale (m - m')), and its weights written as
 // bf16 pairs of positions (p_2i, p_2i+1) in p[g] (zeros past nb). m stays in raw units.
 template <int G, int NV, int PS>
-inline void softmax_heads(const float (*s)[kAmxBlock], const V16& most, float scale, int32_t (*p)[kAmxBlock / 2],
+inline void softmax_heads(const float (*s)[kPairBlock], const V16& most, float scale, int32_t (*p)[kPairBlock / 2],
                           float (*acc)[PS], V16& m, V16& l, int64_t nb) {
-  __mmask16 valid[kAmxBlock / 16];  // the positions of each 16 that are before nb
-  for (int v = 0; v < kAmxBlock / 16; ++v) {
+  __mmask16 valid[kPairBlock / 16];  // the positions of each 16 that are before nb
+  for (int v = 0; v < kPairBlock / 16; ++v) {
     const int64_t n = std::clamp<int64_t>(nb - 16 * v, 0, 16);
     valid[v] = static_cast<__mmask16>((1u << n) - 1);
   }
@@ -147,7 +92,7 @@ inline void softmax_heads(const float (*s)[kAmxBlock], const V16& most, float sc
   const V16 alpha = raise_max(m, most, scale);
   const float to2 = scale * 1.44269504f;  // e^(scale x) = 2^(to2 x)
   const __m512 by = _mm512_set1_ps(to2);
-  const bool full = nb == kAmxBlock;
+  const bool full = nb == kPairBlock;
   for (int g = 0; g < 16; ++g) {
     __m512 sum = _mm512_setzero_ps();
     if (g < G) {  // the block's 32 weights -> 16 bf16 pairs; none past nb
@@ -168,94 +113,16 @@ inline void softmax_heads(const float (*s)[kAmxBlock], const V16& most, float sc
 }
 
 // The same softmax with the heads as the lanes, for groups of more than 8, where a row per head costs
-// more than it saves: st[j][u] holds the raw scores of position 16 j + u, a lane per head. The weights
-// of positions 2i and 2i+1 are interleaved into bf16 pairs, a row per pair, and the block's 16 rows (32
-// positions) turned over into a row per head, p[g]; rows of heads past G are not kept. then(k) runs
-// after each 16 positions k (the caller's fetch).
+// more than it saves: the block's weight pairs (weight_pairs, a row per pair of positions) turned over
+// into a row per head, p[g]; rows of heads past G are not kept. then(k) runs after each 16 positions k.
 template <int G, int NV, int PS, typename Then>
-inline void softmax_positions(const __m512i (*st)[16], const V16& most, float scale, int32_t (*p)[kAmxBlock / 2],
+inline void softmax_positions(const __m512i (*st)[16], const V16& most, float scale, int32_t (*p)[kPairBlock / 2],
                               float (*acc)[PS], V16& m, V16& l, int64_t nb, Then then) {
-  alignas(64) static const int16_t order[32] = {  // (w_2i[g], w_2i+1[g]) for g = 0..15
-      0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30,
-      15, 31};
-  const __m512i pairs_of_heads = _mm512_load_si512(order);
-  const V16 alpha = raise_max(m, most, scale);
-  const float to2 = scale * 1.44269504f;  // e^(scale x) = 2^(to2 x)
-  const __m512 by = _mm512_set1_ps(to2), top = _mm512_mul_ps((__m512)m, by);
-  const bool full = nb == kAmxBlock;
-  const auto weights = [&](int64_t t) {  // position t's weights, a lane per head; none past nb
-    const __m512 w = exp2_weights(_mm512_fmsub_ps(_mm512_castsi512_ps(st[t / 16][t % 16]), by, top));
-    return full ? w : _mm512_maskz_mov_ps(t < nb ? 0xffff : 0, w);
-  };
-  __m512 sum = _mm512_setzero_ps();
   __m512i pairs[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) {
-    const __m512 w0 = weights(2 * i), w1 = weights(2 * i + 1);
-    sum = _mm512_add_ps(sum, _mm512_add_ps(w0, w1));
-    pairs[i] = _mm512_permutexvar_epi16(pairs_of_heads, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
-    if (i % 8 == 7) {
-      then(i / 8);
-    }
-  }
+  weight_pairs<G, NV, PS>(st, most, scale, pairs, acc, m, l, nb, then);
   turn16<16>(pairs);
   for (int g = 0; g < G; ++g) {
     _mm512_store_si512(&p[g][0], pairs[g]);
-  }
-  l = l * alpha + (V16)sum;
-  rescale_rows<G, NV, PS>(acc, alpha);
-}
-
-// The column of d_v that slot x of slice e of the value pairs holds (value_pairs' order): each 32
-// columns are interleaved by 128-bit lanes, 4 of each 8 columns to a slice
-template <int DV>
-constexpr int value_column(int e, int x) {
-  constexpr int NV = (DV + 15) / 16;
-  const int base = 16 * (e & ~1), lane = x / 4, w = x % 4;
-  if (NV % 2 == 1 && e == NV - 1) {  // a last slice of its own: 16 columns, two lanes of 8
-    return base + 8 * (lane % 2) + 4 * (lane / 2) + w;
-  }
-  return base + 8 * lane + 4 * (e & 1) + w;
-}
-
-// The value rows of positions 2i and 2i+1 of a block (rows past nb read as zeros) interleaved, 16
-// columns of d_v to a register, for the pairs i0 <= i < i1: vp[e][i] holds (v_2i[c],
-// v_2i+1[c]) for the 16 columns c = value_column(e, x), x = 0..15, made by one unpack each. Rows ahead
-// are prefetched as prefetch_rows does (left 0: none)
-template <int DV>
-inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t left, int i0, int i1,
-                        __m512i (*vp)[kAmxBlock / 2]) {
-  constexpr int NV = (DV + 15) / 16;
-  for (int64_t i = std::max<int64_t>(i0, (nb + 1) / 2); i < i1; ++i) {  // past nb
-    for (int e = 0; e < NV; ++e) {
-      vp[e][i] = _mm512_setzero_si512();
-    }
-  }
-  for (int64_t i = i0; i < std::min<int64_t>(i1, (nb + 1) / 2); ++i) {
-    const c10::BFloat16* v0 = v + 2 * i * vs;
-    const c10::BFloat16* v1 = v0 + vs;
-    const bool odd = 2 * i + 1 < nb;
-    for (int x = 0; x < DV; x += 32) {  // each 64 bytes of both rows
-      prefetch_rows(v, vs, left, x, 2 * i, 2 * i + 2, kNear);
-    }
-#pragma GCC unroll 8
-    for (int e = 0; e + 1 < NV; e += 2) {  // 32 columns: two slices
-      const int width = std::min(32, DV - 16 * e);
-      const __mmask32 cols = width == 32 ? ~0u : (1u << width) - 1;
-      const __m512i a = _mm512_maskz_loadu_epi16(cols, v0 + 16 * e);
-      const __m512i b = odd ? _mm512_maskz_loadu_epi16(cols, v1 + 16 * e) : _mm512_setzero_si512();
-      vp[e][i] = _mm512_unpacklo_epi16(a, b);
-      vp[e + 1][i] = _mm512_unpackhi_epi16(a, b);
-    }
-    if constexpr (NV % 2 == 1) {  // the last 16 columns or fewer
-      const int width = DV - 16 * (NV - 1);
-      const __mmask16 cols = width == 16 ? 0xffff : (1u << width) - 1;
-      const __m256i a = _mm256_maskz_loadu_epi16(cols, v0 + 16 * (NV - 1));
-      const __m256i b = odd ? _mm256_maskz_loadu_epi16(cols, v1 + 16 * (NV - 1)) : _mm256_setzero_si256();
-      __m256i* row = reinterpret_cast<__m256i*>(&vp[NV - 1][i]);
-      _mm256_store_si256(row, _mm256_unpacklo_epi16(a, b));
-      _mm256_store_si256(row + 1, _mm256_unpackhi_epi16(a, b));
-    }
   }
 }
 
@@ -280,14 +147,14 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
   constexpr int NV = (DV + 15) / 16;
   constexpr bool kInPlace = D >= 64;
   static_assert(G <= kAmxHeads, "heads in a tile's 16 rows");
-  static_assert(kAmxBlock == 32, "a block: two score tiles of 16 positions, one weight tile of 16 pairs");
+  static_assert(kPairBlock == 32, "a block: two score tiles of 16 positions, one weight tile of 16 pairs");
   static const TileConfig config;
   alignas(64) int32_t qb[NK][16][kAmxHeads] = {};  // [piece kk][pair i][head g]: q[g][32 kk + 2i], its next
   alignas(64) c10::BFloat16 kc[NK][2][16][32];  // 16 K rows' pieces, copied: zeros past nb and D
   alignas(64) __m512i st[2][16];  // the scores of 16 positions x 16 heads, then turned over
-  alignas(64) float s[kAmxHeads][kAmxBlock];  // scores, then weights, one row per head
-  alignas(64) int32_t p[kAmxHeads][kAmxBlock / 2] = {};  // weights as bf16 pairs; heads past G stay zero
-  alignas(64) __m512i vp[2][NV][kAmxBlock / 2];  // two blocks' value pairs: [slice e][pair i]
+  alignas(64) float s[kAmxHeads][kPairBlock];  // scores, then weights, one row per head
+  alignas(64) int32_t p[kAmxHeads][kPairBlock / 2] = {};  // weights as bf16 pairs; heads past G stay zero
+  alignas(64) __m512i vp[2][NV][kPairBlock / 2];  // two blocks' value pairs: [slice e][pair i]
   alignas(64) float acc[kAmxHeads][NV * 16] = {};
   V16 m = V16{} - std::numeric_limits<float>::infinity(), l = {};  // lane g: head g's
   for (int g = 0; g < G; ++g) {
@@ -302,7 +169,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
   const bool shared = c.v == c.k;  // MLA's: the values are the key rows, in cache once the keys are read
   // rows [r0, r1) of the block from b: K rows copied into kc (prefetched, where read in place), V rows paired
   const auto fetch = [&](int64_t b, int r0, int r1, int buf) {
-    const int64_t nb = std::min(kAmxBlock, c.t1 - b);
+    const int64_t nb = std::min(kPairBlock, c.t1 - b);
     for (int j = r0 / 16; j < (r1 + 15) / 16 && 16 * j < nb; ++j) {
       const int u0 = std::max(r0 - 16 * j, 0), u1 = std::min(r1 - 16 * j, 16);
       for (int kk = 0; kk < NK; ++kk) {
@@ -322,15 +189,15 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
   constexpr int S = G > 8 ? 2 : 1;  // parts in the softmax: after each 16 positions of softmax_positions
   constexpr int F = 2 + S + (NV + 1) / 2;
   const auto part = [](int f) { return 2 * ((16 * f + F / 2) / F); };
-  fetch(c.t0, 0, kAmxBlock, 0);
+  fetch(c.t0, 0, kPairBlock, 0);
   _tile_loadconfig(&config);
   // Each part of the next block is fetched once this block has read what it overwrites (kc once the score
   // tiles are loaded; vp is two buffers, or one for MLA's, paired from the rows this block just read), so
   // the loads from memory stay in flight under this block's work
-  for (int64_t b0 = c.t0, cur = 0; b0 < c.t1; b0 += kAmxBlock, cur ^= 1) {
-    const int64_t nb = std::min(kAmxBlock, c.t1 - b0);
+  for (int64_t b0 = c.t0, cur = 0; b0 < c.t1; b0 += kPairBlock, cur ^= 1) {
+    const int64_t nb = std::min(kPairBlock, c.t1 - b0);
     const int groups = static_cast<int>((nb + 15) / 16);
-    const bool next = b0 + kAmxBlock < c.t1;
+    const bool next = b0 + kPairBlock < c.t1;
     const int64_t vb = shared ? 0 : cur;  // this block's value pairs
     _tile_zero(0);
     _tile_zero(1);
@@ -359,7 +226,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
         }
       }
     }
-    if (next) fetch(b0 + kAmxBlock, part(0), part(1), cur ^ 1);
+    if (next) fetch(b0 + kPairBlock, part(0), part(1), cur ^ 1);
     _tile_stored(0, st[0], 64);
     _tile_stored(1, st[1], 64);
     V16 most = V16{} - std::numeric_limits<float>::infinity();  // lane g: head g's largest score
@@ -367,10 +234,10 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       const V16 row = (V16)_mm512_castsi512_ps(st[t / 16][t % 16]);
       most = most > row ? most : row;
     }
-    if (next) fetch(b0 + kAmxBlock, part(1), part(2), cur ^ 1);
+    if (next) fetch(b0 + kPairBlock, part(1), part(2), cur ^ 1);
     if constexpr (G > 8) {
       softmax_positions<G, NV, NV * 16>(st, most, c.scale, p, acc, m, l, nb, [&](int k) {
-        if (next) fetch(b0 + kAmxBlock, part(2 + k), part(3 + k), cur ^ 1);
+        if (next) fetch(b0 + kPairBlock, part(2 + k), part(3 + k), cur ^ 1);
       });
     } else {
       for (int j = 0; j < groups; ++j) {  // turned over: a row of 16 positions per head
@@ -379,13 +246,13 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
           _mm512_store_si512(&s[g][16 * j], st[j][g]);
         }
       }
-      if (next) fetch(b0 + kAmxBlock, part(2), part(3), cur ^ 1);
+      if (next) fetch(b0 + kPairBlock, part(2), part(3), cur ^ 1);
       softmax_heads<G, NV, NV * 16>(s, most, c.scale, p, acc, m, l, nb);
     }
     if (shared) {
-      value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, 0, 0, kAmxBlock / 2, vp[vb]);  // rows just read: no prefetch
+      value_pairs<DV>(c.v + b0 * c.vs, c.vs, nb, 0, 0, kPairBlock / 2, vp[vb]);  // rows just read: no prefetch
     }
-    _tile_loadd(4, &p[0][0], kAmxBlock * 2);  // the weights: heads x 16 pairs of positions
+    _tile_loadd(4, &p[0][0], kPairBlock * 2);  // the weights: heads x 16 pairs of positions
     for (int e = 0; e < NV; e += 2) {  // acc[:, 16 e ..] += p times the value pairs, two slices at a time,
       const bool two = e + 1 < NV;     // each operand in a tile of its own
       _tile_loadd(0, &acc[0][16 * e], NV * 64);
@@ -400,7 +267,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
       if (two) {
         _tile_stored(1, &acc[0][16 * e + 16], NV * 64);
       }
-      if (next) fetch(b0 + kAmxBlock, part(2 + S + e / 2), part(3 + S + e / 2), cur ^ 1);
+      if (next) fetch(b0 + kPairBlock, part(2 + S + e / 2), part(3 + S + e / 2), cur ^ 1);
     }
   }
   _tile_release();
