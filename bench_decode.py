@@ -74,7 +74,7 @@ dtype = "auto"  # weights and cache. auto: CUDA bf16; a CPU plans on vha_folded 
 compile = "auto"
 eager = True  # with a compiled step: also time every variant eagerly, in the same rounds
 compile_autotune = True  # aot: inductor's C++ GEMM templates tuned per shape (faster steps, a longer build)
-attention_kernel = "auto"  # the one-token attention, eager and compiled: auto (timed per variant), sdpa, nanovha
+attention_kernel = "auto"  # the one-token attention: auto (timed per variant), sdpa, nanovha, nanovha_dot
 compile_cache = ""  # where compiled packages and plans are kept ("": $NANOVHA_CACHE/compiled)
 threads = 0  # CPU threads (0: torch's default)
 seed = 1337
@@ -108,13 +108,13 @@ if compile == "auto" and device_type == "cpu" and our_op.compiler() is None:
 prefill_max, compile = resolve_auto(device_type, prefill_max, compile)
 need(compile != "aot" or device_type == "cpu", f"compile=aot builds a CPU package; on "
                                                f"{device_type} use graphs or off")
-need(attention_kernel != "nanovha" or device_type == "cpu", "--attention_kernel=nanovha is our CPU op; off the "
-     "CPU use auto or sdpa")
+need(attention_kernel in ("auto", "sdpa") or device_type == "cpu", f"--attention_kernel={attention_kernel} is our "
+     "CPU op; off the CPU use auto or sdpa")
 need(compile != "aot" or our_op.compiler() is not None,
      "--compile=aot builds with a C++ compiler, and there is none here ($CXX or c++); install one or use --compile=off")
 stop_if(compile == "aot" and cache_problem(compile_cache, build=True))
-need(attention_kernel != "nanovha" or our_op.load(),
-     "--attention_kernel=nanovha: our op cannot be loaded here (the note above says why); use auto or sdpa")
+need(attention_kernel in ("auto", "sdpa") or our_op.load(), f"--attention_kernel={attention_kernel}: our op cannot be "
+     "loaded here (the note above says why); use auto or sdpa")
 stop_if(plot and figure_problem(plot, "--plot", {"--ckpt": ckpt and start_path(ckpt)}))  # now, not after the bench
 stop_if(output_problem({"--figures": figures}, {"--ckpt": ckpt and start_path(ckpt)}, kinds={"--figures": "figures"}))
 if threads:

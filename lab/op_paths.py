@@ -2,7 +2,8 @@
 What each path of our op streams, against SDPA, for every group size the decode variants have: one
 KV head's group of 1 (MHA) to 16 (MQA) query heads, 6 layers at 16K positions, head dim 32, in bf16
 and float32, over copies of the caches used in turn so that they come from memory, not the last-level
-cache (docs/benchmarks.md: our op's paths).
+cache (docs/benchmarks.md: our op's paths). "path" names the op's default path for the shape; the dot
+columns time its VDPBF16PS path, asked for, where this CPU has it for the shape (bf16, groups 4-16).
 
     python lab/op_paths.py               # about a minute on 2 cores, after our op is built
     python lab/op_paths.py --head_dim=64
@@ -18,7 +19,7 @@ import torch  # noqa: E402
 
 from nanovha.config import at_least, flat_defaults, settings  # noqa: E402
 from nanovha.engine import kernel as our_op  # noqa: E402
-from nanovha.engine.attention import PagedKV, static_attention  # noqa: E402
+from nanovha.engine.attention import OP_PATHS, PagedKV, static_attention  # noqa: E402
 from nanovha.figures import copy_bandwidth  # noqa: E402
 from nanovha.hardware import cpu_kind  # noqa: E402
 
@@ -39,7 +40,7 @@ def main():
     bw = copy_bandwidth("cpu")
     print(f"{cpu_kind()}; torch {torch.__version__}, {torch.get_num_threads()} threads; copy bandwidth "
           f"{bw / 1e9:.1f} GB/s; {layers} layers at context {context}, head dim {head_dim}")
-    print("dtype     KV heads group   ours ms   GB/s of copy   SDPA ms   GB/s")
+    print("dtype     KV heads group  path     ours ms   GB/s of copy    dot ms of copy   SDPA ms   GB/s")
     for dtype in (torch.bfloat16, torch.float32):
         for group in (1, 2, 4, 8, 16):
             heads = query_heads // group
@@ -51,11 +52,15 @@ def main():
                 k.normal_()
                 v.normal_()
             q, pos = torch.randn(1, heads, group, head_dim).to(dtype), torch.tensor([context - 1])
-            ms = {kernel: timed(copies, q, pos, kernel) * 1e3 for kernel in ("nanovha", "sdpa")}
-            gb = {kernel: nbytes / s / 1e6 for kernel, s in ms.items()}
-            print(f"{str(dtype)[6:]:<9} {heads:>8} {group:>5}  {ms['nanovha']:8.2f} {gb['nanovha']:6.1f} "
-                  f"{gb['nanovha'] * 1e9 / bw:7.0%}  {ms['sdpa']:8.2f} {gb['sdpa']:6.1f}", flush=True)
-
+            names = [torch.ops.nanovha.decode_attention_path(q, *copies[0][0], pos, p) for p in OP_PATHS.values()]
+            path, dot = names[0], names[1] == "dot"  # the default path, and whether the dot path is another
+            kernels = ("nanovha", "nanovha_dot", "sdpa") if dot else ("nanovha", "sdpa")
+            ms = {kernel: timed(copies, q, pos, kernel) * 1e3 for kernel in kernels}
+            of_copy = {kernel: nbytes / (t / 1e3) / bw for kernel, t in ms.items()}
+            dot_cols = f"{ms['nanovha_dot']:8.2f} {of_copy['nanovha_dot']:7.0%}" if dot else f"{'-':>8} {'-':>7}"
+            print(f"{str(dtype)[6:]:<9} {heads:>8} {group:>5}  {path:<6} {ms['nanovha']:8.2f} "
+                  f"{nbytes / ms['nanovha'] / 1e6:6.1f} {of_copy['nanovha']:7.0%}  {dot_cols}  {ms['sdpa']:8.2f} "
+                  f"{nbytes / ms['sdpa'] / 1e6:6.1f}", flush=True)
 
 def timed(copies, q, pos, kernel):
     """The median seconds of one token's attention over every layer, each call on the next copy."""

@@ -141,7 +141,7 @@ class Plan:
     """What a command runs, and why."""
     runtime: Optional[str]  # "compiled" (AOTInductor; CUDA graphs on a GPU), "eager"; None: training
     dtype: torch.dtype  # of the weights and cache (decode), of autocast (training)
-    attention: Optional[str]  # decode: the one-token attention, "sdpa" or "nanovha"; None: model.py's
+    attention: Optional[str]  # decode: the one-token attention (DECODE_KERNELS); None: model.py's
     why: str  # the reason, in a few words
     seconds: dict = field(default_factory=dict)  # {candidate: seconds per token (or step)}
     unit: str = "token"

@@ -3,13 +3,15 @@ over the written positions, in float64 to rounding, in float32 and bf16 to their
 shape or scalar path runs and however the cache is cut among threads; never a read past the position; the static
 decode step through it equal to the uncached forward; the plan that picks it; the KV memory it streams."""
 import os
+import re
 
 import pytest
 import torch
 
 from nanovha import timing
 from nanovha.engine import kernel as our_op, plan
-from nanovha.engine.attention import PagedKV, static_attention, use_engine
+from nanovha.engine.attention import DECODE_KERNELS, PagedKV, static_attention, use_engine
+from nanovha.hardware import cpu_features
 from test_mla_mfa import MFA, MLA, decode_all
 from test_model import make
 
@@ -63,12 +65,12 @@ CASES = {
 }
 
 
-def on_threads(threads, q, k, v, pos, scale):
+def on_threads(threads, q, k, v, pos, scale, path=0):
     """Our op on `threads` threads (4 on one or two KV heads: the cache cut into chunks, then merged)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return torch.ops.nanovha.decode_attention(q, k, v, torch.tensor([pos]), scale)
+        return torch.ops.nanovha.decode_attention(q, k, v, torch.tensor([pos]), scale, path)
     finally:
         torch.set_num_threads(before)
 
@@ -84,6 +86,39 @@ def test_the_kernel_is_one_softmax_over_the_written_positions(case, threads):
     want = reference(q, k, v, pos, D ** -0.5)
     assert got.dtype == dtype and got.shape == (B, H, G, DV)
     assert (got.double() - want).abs().max() <= tol * want.abs().max()
+
+
+DOT_CASES = {name: case for name, case in CASES.items() if case[7] == torch.bfloat16 and 4 <= case[2] <= 16}
+COMPILED_WIDTHS = (16, 32, 64, 128, 144)  # decode_attention.cpp's cases (144 for groups of 16 only)
+DOT_HERE = "avx512_bf16" in cpu_features() and "avx512bw" in cpu_features()  # the op has its dot path here
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+@pytest.mark.parametrize("case", DOT_CASES.values(), ids=DOT_CASES.keys())
+def test_the_dot_path_is_the_same_softmax_where_the_cpu_has_it(case, threads):
+    """Asked for (path 1), bf16 groups of 4 to 16 take VDPBF16PS on a CPU with AVX512_BF16, and the default path
+    elsewhere: the same softmax to bf16 precision either way, and the op names the path it takes."""
+    B, H, G, D, DV, T, pos, dtype, tol = case
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, H, *shape, generator=g).to(dtype) for shape in ((G, D), (T, D), (T, DV)))
+    k[:, :, pos + 1:], v[:, :, pos + 1:] = float("nan"), float("inf")
+    compiled = D == DV and D in COMPILED_WIDTHS and (D != 144 or G == 16)
+    dot = DOT_HERE and compiled
+    assert (torch.ops.nanovha.decode_attention_path(q, k, v, torch.tensor([pos]), 1) == "dot") == dot
+    assert torch.ops.nanovha.decode_attention_path(q, k, v, torch.tensor([pos]), 0) != "dot"
+    got = on_threads(threads, q, k, v, pos, D ** -0.5, path=1)
+    want = reference(q, k, v, pos, D ** -0.5)
+    assert (got.double() - want).abs().max() <= tol * want.abs().max()
+
+
+@pytest.mark.parametrize("path", [2, -1], ids=["two", "negative"])
+def test_a_path_the_op_lacks_is_refused(path):
+    bad = re.escape(f"nanovha::decode_attention: path is 0 (the default) or 1 (dot), got {path}")
+    q, k = torch.randn(1, 1, 4, 16).bfloat16(), torch.randn(1, 1, 8, 16).bfloat16()
+    with pytest.raises(RuntimeError, match=bad):
+        torch.ops.nanovha.decode_attention(q, k, k, torch.tensor([3]), 0.25, path)
+    with pytest.raises(RuntimeError, match=bad):
+        torch.ops.nanovha.decode_attention_path(q, k, k, torch.tensor([3]), path)
 
 
 def test_mla_rows_serve_as_keys_and_values_through_a_strided_view():
@@ -131,7 +166,8 @@ def test_static_attention_calls_the_kernel_asked_for(monkeypatch):
     static_attention(q, k, k, torch.tensor([3]))
     assert not calls  # SDPA unless our kernel is asked for
     static_attention(q, k, k, torch.tensor([3]), "nanovha")
-    assert len(calls) == 1 and calls[0][-1] == 16 ** -0.5
+    static_attention(q, k, k, torch.tensor([3]), "nanovha_dot")
+    assert [a[-2:] for a in calls] == [(16 ** -0.5, 0), (16 ** -0.5, 1)]  # the scale, then the path
 
 
 def test_paged_kv_is_one_zeroed_allocation_in_views():
@@ -147,15 +183,18 @@ def test_paged_kv_is_one_zeroed_allocation_in_views():
     assert parts[0][0].count_nonzero() == 0 and parts[1][0].count_nonzero() == 0
 
 
-@pytest.mark.parametrize("faster, picked", [("nanovha", "nanovha"), ("sdpa", "sdpa"), (None, "sdpa")],
-                         ids=["ours_faster", "sdpa_faster", "a_tie_keeps_sdpa"])
-def test_the_plan_times_both_kernels_and_keeps_the_choice(tmp_path, monkeypatch, faster, picked):
-    """choose_attention times SDPA and ours on the model's own attention: a clear winner is taken, a tie keeps SDPA
-    (and is not settled: no new package is built for it), and the choice is read back without timing again."""
+@pytest.mark.parametrize("faster, picked, dtype", [
+    ("nanovha", "nanovha", torch.float32), ("sdpa", "sdpa", torch.float32), (None, "sdpa", torch.float32),
+    ("nanovha_dot", "nanovha_dot" if DOT_HERE else "sdpa", torch.bfloat16)],
+    ids=["ours_faster", "sdpa_faster", "a_tie_keeps_sdpa", "dot_faster_where_the_cpu_has_it"])
+def test_the_plan_times_the_kernels_and_keeps_the_choice(tmp_path, monkeypatch, faster, picked, dtype):
+    """choose_attention times SDPA and ours (and ours asked for its dot path, in bf16 where the CPU has it) on the
+    model's own attention: a clear winner is taken, a tie keeps SDPA (and is not settled: no new package is built
+    for it), and the choice is read back without timing again."""
     import time
     real = plan.attention_calls
     # the real calls are ~0.1 ms apart: a tie within the margin, whatever a busy machine adds to a sleep
-    pause = {k: 0.2 if faster and k != faster else 0.1 for k in ("sdpa", "nanovha")}
+    pause = {k: 0.2 if faster and k != faster else 0.1 for k in DECODE_KERNELS}
 
     def calls(model, ctx):  # the real calls, each made slower by its kernel's pause
         fns = real(model, ctx)
@@ -163,10 +202,12 @@ def test_the_plan_times_both_kernels_and_keeps_the_choice(tmp_path, monkeypatch,
     monkeypatch.setattr(plan, "attention_calls", calls)
     monkeypatch.setattr(timing, "MIN_S", 0.1)
     monkeypatch.setattr(timing, "others_busy", lambda read=None: (lambda: 0.0))  # quiet, whatever runs beside
-    model = make(dtype=torch.float32, n_head=8, n_kv_head=2)
+    model = make(dtype=dtype, n_head=8, n_kv_head=2, n_embd=128)  # heads of 16: a compiled-in width
     choice = plan.choose_attention(model, (16, 64), str(tmp_path))
+    timed = ("sdpa", "nanovha", "nanovha_dot") if dtype == torch.bfloat16 and DOT_HERE else ("sdpa", "nanovha")
+    assert tuple(choice.job["rounds"]) == timed
     assert choice.kernel == picked and choice.job["fresh"] and choice.settled
-    assert bool(plan.choose(choice.job["rounds"])[1]) == (faster is None)  # a tie keeps the safe one
+    assert bool(plan.choose(choice.job["rounds"])[1]) == (picked == "sdpa" and faster != "sdpa")  # a tie: SDPA
     monkeypatch.setattr(plan, "attention_calls", lambda *a: pytest.fail("timed again"))
     assert plan.choose_attention(model, (16, 64), str(tmp_path)).kernel == picked
 

@@ -51,16 +51,17 @@ class PagedKV:
         return list(zip(self.tensors[0::2], self.tensors[1::2]))
 
 
-DECODE_KERNELS = ("sdpa", "nanovha")  # the static decode step's one-token attention, the safe one first
+DECODE_KERNELS = ("sdpa", "nanovha", "nanovha_dot")  # the static decode step's one-token attention, safest first
+OP_PATHS = {"nanovha": 0, "nanovha_dot": 1}  # the path each asks our op for (csrc/): its default, or VDPBF16PS
 
 
 def static_attention(q, k, v, start_pos, kernel="sdpa", scale=None):
     """One decoded token over a static cache: q (B, H_kv, G, d), k (B, H_kv, T, d), v (B, H_kv,
     T, d_v), positions 0..start_pos written ((1,) tensor) -> (B, H_kv, G, d_v), by `kernel`:
-    "sdpa" (model.py's own, each KV head's group as its query rows) or "nanovha" (our C++ op,
-    csrc/, once kernel.py has loaded it), as the plan timed them."""
-    if kernel == "nanovha" and q.device.type == "cpu":
-        return torch.ops.nanovha.decode_attention(q, k, v, start_pos, scale or q.size(-1) ** -0.5)
+    "sdpa" (model.py's own, each KV head's group as its query rows) or ours (csrc/, once kernel.py
+    has loaded it; "nanovha_dot" asks for its VDPBF16PS path), as the plan timed them."""
+    if kernel in OP_PATHS and q.device.type == "cpu":
+        return torch.ops.nanovha.decode_attention(q, k, v, start_pos, scale or q.size(-1) ** -0.5, OP_PATHS[kernel])
     visible = torch.arange(k.size(2), device=k.device) <= start_pos  # (T,): the positions written
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[None], scale=scale)
 

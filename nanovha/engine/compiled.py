@@ -57,7 +57,7 @@ def package_path(model, folder, batch_size=1, autotune=True, kernel="sdpa"):
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     code = [type(model), type(model.blocks[0].attn), DecodeStep, attention.static_attention]
     env = [repr(model.cfg), batch_size, autotune, torch.__version__, cpu_kind(), torch.get_num_threads(),
-           *map(source_digest, code), kernel, our_op.source_digest() if kernel == "nanovha" else None]
+           *map(source_digest, code), kernel, our_op.source_digest() if kernel in attention.OP_PATHS else None]
     h.update(json.dumps(env, default=str).encode())
     return os.path.join(folder, f"decode-{h.hexdigest()[:16]}.pt2")
 
@@ -102,7 +102,7 @@ def compiled_decode(model, folder, batch_size=1, autotune=True, build_it=True, k
     (no C++ compiler, say: one line, and the caller decodes eagerly). A cached package is used
     only once it loads and its first step matches eager decode; else a one-line note, then
     rebuilt or left out."""
-    if kernel == "nanovha" and not our_op.load():  # the package calls our op: registered first
+    if kernel in attention.OP_PATHS and not our_op.load():  # the package calls our op: registered first
         raise RuntimeError(our_op.why_not())
     path, t0, step = package_path(model, folder, batch_size, autotune, kernel), time.perf_counter(), None
     if os.path.exists(path):

@@ -5,10 +5,8 @@ torch.ops.nanovha.decode_attention; plan.py times it against SDPA (docs/architec
     if load():            # True once the op is registered; else why_not() says why, in one line
         out = torch.ops.nanovha.decode_attention(q, k, v, pos, scale)   # (B, H_kv, G, d_v)
 
-It never hangs or crashes a command: what goes wrong is one line, and SDPA decodes. A library
-has a folder per source, torch, CPU and compiler, with a record written once it is whole; it
-loads read-only, and a broken one is built again. A build runs in a child process stopped at
-BUILD_SECONDS, in a folder of its own renamed into place: nothing a killed build leaves blocks.
+It never hangs or crashes a command: what goes wrong is one line, and SDPA decodes (how: the
+section of docs/architecture.md on our op: a folder per library, builds in child processes).
 """
 import glob
 import hashlib
@@ -190,6 +188,6 @@ def compile_library(folder):
                        is_python_module=False, verbose=False)
 
 
-def output_like(q, k, v, pos, scale):
+def output_like(q, k, v, pos, scale, path=0):
     """The op's output for torch.export, shapes only: (B, H_kv, G, d) -> (B, H_kv, G, d_v)."""
     return q.new_empty(*q.shape[:-1], v.size(-1))

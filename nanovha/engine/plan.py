@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from nanovha.engine import kernel as our_op
-from nanovha.engine.attention import DECODE_KERNELS, static_attention, use_decode_layout, use_engine
+from nanovha.engine.attention import DECODE_KERNELS, OP_PATHS, static_attention, use_decode_layout, use_engine
 from nanovha.engine.compiled import compiled_decode, package_path
 from nanovha.hardware import choose_decode_dtype, cpu_bf16_support, cpu_kind, dtype_name, torch_dtype
 from nanovha.timing import (MIN_S, ROUNDS, Plan, cache_folder, choose, describe, label, measure_at, plan_path,
@@ -33,7 +33,7 @@ class Candidate:
     """One way to decode: a runtime and a dtype, the one-token attention it calls, its model."""
     runtime: str  # "compiled" (an AOTInductor package) or "eager"
     dtype: torch.dtype
-    attention: str  # "sdpa" or "nanovha" (attention.py)
+    attention: str  # "sdpa", "nanovha" or "nanovha_dot" (attention.py)
     model: object = field(repr=False)  # the copy in this dtype and layout, the engine in place
     step: object = field(default=None, repr=False)  # compiled: the package, once built or loaded
 
@@ -67,27 +67,29 @@ def choose_attention(model, contexts, folder="", replan=False, by="sample.py"):
     timed on that attention alone at both contexts; SDPA where ours cannot be loaded."""
     if not our_op.load():
         return AttentionChoice("sdpa", None)
-    heads, k_dim, v_dim = model.blocks[0].attn.cache_dims
-    shape = (heads, k_dim, v_dim, model.cfg.n_head // heads, len(model.blocks), str(model.embed.weight.dtype))
+    shape = (*model.blocks[0].attn.cache_dims, model.cfg.n_head, len(model.blocks), str(model.embed.weight.dtype))
     path = plan_path(folder, "attention", shape, DECODE_KERNELS, our_op.source_digest())
     how = f"the attention alone at contexts {contexts[0]} and {contexts[1]}, {ROUNDS} rounds"
     timer = lambda: (*measure_at(contexts, lambda ctx: attention_calls(model, ctx)), how)
-    job = timed_job(path, f"attention {contexts[0]}-{contexts[1]}", timer, DECODE_KERNELS, replan, by)
+    job = timed_job(path, f"attention {contexts[0]}-{contexts[1]}", timer, DECODE_KERNELS[:2], replan, by)
     return AttentionChoice(job["chosen"], job)
 
 
 def attention_calls(model, ctx):
-    """{kernel: the one-token attention of every layer over the model's own ctx cached positions}."""
+    """{kernel: the one-token attention of every layer over the model's own ctx cached positions}:
+    SDPA, ours, and ours asked for its VDPBF16PS path where this CPU has it for the shape."""
     heads, k_dim, v_dim = model.blocks[0].attn.cache_dims
     caches = random_context(model, ctx, ctx + 16)
     group, dtype = model.cfg.n_head // heads, model.embed.weight.dtype
     qs = [torch.randn(1, heads, group, k_dim, dtype=dtype) for _ in caches]
     pos = torch.tensor([ctx - 1])
+    kvs = [(c.k, c.v if v_dim else c.k) for c in caches]  # MLA keeps its [latent ; RoPE key] rows in k: its values too
+    dot = torch.ops.nanovha.decode_attention_path(qs[0], *kvs[0], pos, OP_PATHS["nanovha_dot"]) == "dot"
 
-    def call(kernel):  # MLA keeps its [latent ; RoPE key] rows in k: its values too
+    def call(kernel):
         with torch.inference_mode():
-            return [static_attention(q, c.k, c.v if v_dim else c.k, pos, kernel) for q, c in zip(qs, caches)]
-    return {kernel: (lambda kernel=kernel: call(kernel)) for kernel in DECODE_KERNELS}
+            return [static_attention(q, k, v, pos, kernel) for q, (k, v) in zip(qs, kvs)]
+    return {kernel: (lambda kernel=kernel: call(kernel)) for kernel in DECODE_KERNELS[:2 + dot]}
 
 
 # ---- 2. the candidates

@@ -11,14 +11,16 @@
 //   m'       = max(m, max_j s[j, :]),    p[j, :] = exp(s[j, :] - m'),   l = l e^(m - m') + sum_j p[j, :]
 //   acc[g]   = acc[g] e^(m - m') + sum_j p[j, g] v_j
 //
-// in float (double for double), with the chunks merged by their (m, l) at the end. Three ways to do
-// the products, chosen at compile time for this CPU (-march=native) and the shape (run_fixed):
+// in float (double for double), with the chunks merged by their (m, l) at the end. The ways to do the
+// products, compiled in for this CPU (-march=native) and chosen by the shape (run_fixed):
 //   - the group as the vector lane (any CPU, float32 or bf16 or fp16 converted to float): G query
 //     heads make one SIMD register per position, and a few heads' accumulators stay in registers over
 //     a block, so the work per byte of cache grows with G without a small matrix product per block;
 //   - lanes along the head dimension, for groups too small to fill the lanes (rows_path.h);
 //   - bf16 on AMX, groups of 4 to 16: both products as tile multiplies (amx_tiles.h), the softmax
 //     in vectors over positions.
+// and one asked for by the caller (path 1, "dot"), which the plan times against those: bf16 groups of
+// 4 to 16 by VDPBF16PS on a CPU with AVX512_BF16 (dot_pairs.h).
 // Shapes without a compiled-in case take a scalar loop (and float64 always: the tests' reference).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -30,10 +32,15 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <string>
 #include <vector>
 
 #include "decode_common.h"
 #include "rows_path.h"
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define NANOVHA_DOT 1
+#include "dot_pairs.h"
+#endif
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__linux__)
 #define NANOVHA_AMX 1
 #include "amx_tiles.h"
@@ -167,42 +174,52 @@ void attend_chunk_any(const Chunk<scalar_t, acc_t>& c) {
 
 // Which path a group takes, by what streamed the cache fastest on the CPUs measured (docs/benchmarks.md:
 // our op's paths): bf16 groups of 4 to 16 on AMX where the CPU has it; lanes along the head dimension
-// (rows_path.h) up to 4 heads, and 8 in bf16; the group as the lanes otherwise
+// (rows_path.h) up to 4 heads, and 8 in bf16; the group as the lanes otherwise. Asked for the dot path
+// (dot), bf16 groups of 4 to 16 take VDPBF16PS where the CPU has it.
 template <int G>
-constexpr bool kAmx = G >= 4 && G <= 16;
+constexpr bool kPairs = G >= 4 && G <= 16;
 
 template <typename scalar_t, int G>
 constexpr bool kRows = G <= 4 || (G == 8 && std::is_same_v<scalar_t, c10::BFloat16>);
 
+// The path of a chunk of this shape, run where `run` -> its name, or nullptr for another shape
 template <typename scalar_t, typename acc_t, int G, int D, int DV>
-bool run_fixed(const Chunk<scalar_t, acc_t>& c) {
+const char* run_fixed(const Chunk<scalar_t, acc_t>& c, bool dot, bool run) {
   if constexpr (std::is_same_v<acc_t, float> && !std::is_same_v<scalar_t, c10::Half>) {  // float16: scalar
     if (c.G == G && c.D == D && c.DV == DV) {
-#ifdef NANOVHA_AMX
-      if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && kAmx<G>) {
-        if (amx_allowed()) {
-          attend_chunk_amx<G, D, DV>(c);
-          return true;
+      if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && kPairs<G>) {
+#ifdef NANOVHA_DOT
+        if (dot) {
+          if (run) attend_chunk_dot<G, D, DV>(c);
+          return "dot";
         }
-      }
 #endif
-      if constexpr (kRows<scalar_t, G>) {
-        attend_chunk_rows<scalar_t, G, D, DV>(c);
-      } else {
-        attend_chunk<scalar_t, G, D, DV>(c);
+#ifdef NANOVHA_AMX
+        if (amx_allowed()) {
+          if (run) attend_chunk_amx<G, D, DV>(c);
+          return "amx";
+        }
+#endif
       }
-      return true;
+      if constexpr (kRows<scalar_t, G>) {
+        if (run) attend_chunk_rows<scalar_t, G, D, DV>(c);
+        return "rows";
+      } else {
+        if (run) attend_chunk<scalar_t, G, D, DV>(c);
+        return "lanes";
+      }
     }
   }
-  return false;
+  return nullptr;
 }
 
 // the shapes compiled in: groups of 1, 2, 4, 8 and 16 query heads over rows of 16 to 128, and MLA's
-// latent rows [c_kv ; k_R] of 128 + 16 (keys and values at once); others take the scalar path
+// latent rows [c_kv ; k_R] of 128 + 16 (keys and values at once); others take the scalar path.
+// Returns the name of the path (run or not, as `run` says).
 template <typename scalar_t, typename acc_t>
-void attend(const Chunk<scalar_t, acc_t>& c) {
+const char* attend(const Chunk<scalar_t, acc_t>& c, bool dot, bool run) {
 #define NANOVHA_CASE(G, D, DV) \
-  if (run_fixed<scalar_t, acc_t, G, D, DV>(c)) return;
+  if (const char* path = run_fixed<scalar_t, acc_t, G, D, DV>(c, dot, run)) return path;
 #define NANOVHA_HEADS(G) \
   NANOVHA_CASE(G, 16, 16) NANOVHA_CASE(G, 32, 32) NANOVHA_CASE(G, 64, 64) NANOVHA_CASE(G, 128, 128)
   NANOVHA_HEADS(1)
@@ -213,12 +230,13 @@ void attend(const Chunk<scalar_t, acc_t>& c) {
   NANOVHA_CASE(16, 144, 144)
 #undef NANOVHA_HEADS
 #undef NANOVHA_CASE
-  attend_chunk_any<scalar_t, acc_t>(c);
+  if (run) attend_chunk_any<scalar_t, acc_t>(c);
+  return "scalar";
 }
 
 template <typename scalar_t>
 void decode_attention_impl(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t n,
-                           double scale, at::Tensor& out) {
+                           double scale, bool dot, at::Tensor& out) {
   using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
   const int64_t B = q.size(0), H = q.size(1), G = q.size(2), D = q.size(3), DV = v.size(3);
   // chunks per head: every thread busy, no chunk under kMinChunk positions
@@ -254,7 +272,7 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k, const at::T
       c.m = m.data() + task * G;
       c.l = l.data() + task * G;
       c.acc = acc.data() + task * G * DV;
-      attend<scalar_t, acc_t>(c);
+      attend<scalar_t, acc_t>(c, dot, true);
     }
   });
   // merge the chunks: out = sum_c e^(m_c - M) acc_c / sum_c e^(m_c - M) l_c
@@ -286,10 +304,10 @@ void decode_attention_impl(const at::Tensor& q, const at::Tensor& k, const at::T
   }
 }
 
-// q (B, H, G, D), k (B, H, T, D), v (B, H, T, DV), pos (1,) int64: positions 0..pos are read. Every
-// shape, dtype and device is checked first, with a message naming them: nothing is read out of bounds.
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos,
-                            double scale) {
+// Every shape, dtype and device is checked first, with a message naming them: nothing is read out of
+// bounds. path 0 is the default, 1 asks for the dot path where it is compiled in (run_fixed).
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos,
+                  int64_t path) {
   const auto got = [&] {
     std::ostringstream s;
     s << "; got q " << q.sizes() << " " << q.scalar_type() << ", k " << k.sizes() << " " << k.scalar_type()
@@ -315,24 +333,50 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
               "nanovha::decode_attention takes float32, float64, bfloat16 or float16", got());
   TORCH_CHECK(pos.numel() == 1 && pos.scalar_type() == at::kLong,
               "nanovha::decode_attention: pos is one int64 position", got());
+  TORCH_CHECK(path == 0 || path == 1, "nanovha::decode_attention: path is 0 (the default) or 1 (dot), got ", path);
+}
+
+// q (B, H, G, D), k (B, H, T, D), v (B, H, T, DV), pos (1,) int64: positions 0..pos are read
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& pos,
+                            double scale, int64_t path) {
+  check_inputs(q, k, v, pos, path);
   TORCH_CHECK(scale > 0 && std::isfinite(scale), "nanovha::decode_attention: scale must be positive and finite, got ",
               scale);
   const int64_t p = pos.item<int64_t>();
   TORCH_CHECK(p >= 0 && p < k.size(2), "nanovha::decode_attention: pos must be in [0, T) = [0, ", k.size(2),
               "), got ", p);
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), v.size(3)}, q.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "decode_attention", [&] {
-    decode_attention_impl<scalar_t>(q, k, v, p + 1, scale, out);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention", [&] {
+    decode_attention_impl<scalar_t>(q, k, v, p + 1, scale, path == 1, out);
   });
   return out;
+}
+
+// The name of the path decode_attention takes for these inputs and path: "amx", "dot", "rows",
+// "lanes" or "scalar" (the paths above), nothing run
+std::string decode_attention_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& pos, int64_t path) {
+  check_inputs(q, k, v, pos, path);
+  std::string name;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "decode_attention_path", [&] {
+    using acc_t = std::conditional_t<std::is_same_v<scalar_t, double>, double, float>;
+    Chunk<scalar_t, acc_t> c{};
+    c.G = q.size(2);
+    c.D = q.size(3);
+    c.DV = v.size(3);
+    name = attend<scalar_t, acc_t>(c, path == 1, false);
+  });
+  return name;
 }
 
 }  // namespace nanovha
 
 TORCH_LIBRARY(nanovha, m) {
-  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor pos, float scale) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor pos, float scale, int path=0) -> Tensor");
+  m.def("decode_attention_path(Tensor q, Tensor k, Tensor v, Tensor pos, int path=0) -> str");
 }
 
 TORCH_LIBRARY_IMPL(nanovha, CPU, m) {
   m.impl("decode_attention", &nanovha::decode_attention);
+  m.impl("decode_attention_path", &nanovha::decode_attention_path);
 }
