@@ -12,7 +12,7 @@ import torch
 from conftest import ROOT, run
 from model import fold_to_gqa
 from nanovha.engine.compiled import compiled_decode, package_path
-from nanovha.engine.attention import use_decode_layout
+from nanovha.engine.attention import use_decode_layout, use_engine
 from test_bench import TINY_DECODE, last_json
 from test_model import make
 
@@ -112,6 +112,26 @@ def test_a_package_calling_our_kernel_equals_eager_decode_in_a_fresh_process(tmp
     env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))  # the thread count is in the key
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env)
     assert "LOADED" in out.stdout, out.stderr
+
+
+@pytest.mark.slow  # one AOTInductor build of a tiny model: ~20 s
+def test_a_package_asking_for_the_dot_path_equals_eager_decode_through_it(tmp_path):
+    """kernel="nanovha_dot" in bf16, groups of 4 at head dim 16: the package passes the path to our op (VDPBF16PS
+    where the CPU has it, the default path elsewhere), and its steps equal eager decode through the same path."""
+    model = use_decode_layout(make(dtype=torch.bfloat16, vocab_size=40, n_head=8, n_kv_head=2, n_embd=128))
+    step = compiled_decode(model, str(tmp_path), autotune=False, kernel="nanovha_dot")
+    assert step.built and step.kernel == "nanovha_dot"
+    assert step.path != package_path(model, str(tmp_path), autotune=False, kernel="nanovha")
+    x = torch.randint(40, (1, 20), generator=torch.Generator().manual_seed(2))
+    eager = use_engine(copy.deepcopy(model), "nanovha_dot")
+    with torch.inference_mode():
+        for m in (model, eager):
+            m.setup_cache(1, 20)
+            m.prefill(x[:, :8])
+        for pos in range(8, 20):
+            want = eager.decode_one_token(x[:, pos:pos + 1], pos).float()
+            got = step(x[:, pos:pos + 1], torch.tensor([pos])).float()
+            assert (got - want).abs().max() <= 5e-2 * want.abs().max()  # bf16 rounding, as package_problem allows
 
 
 @pytest.mark.slow  # two AOTInductor builds of tiny models: ~1 min
