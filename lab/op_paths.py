@@ -62,6 +62,7 @@ def main():
                   f"{nbytes / ms['nanovha'] / 1e6:6.1f} {of_copy['nanovha']:7.0%}  {dot_cols}  {ms['sdpa']:8.2f} "
                   f"{nbytes / ms['sdpa'] / 1e6:6.1f}", flush=True)
 
+
 def timed(copies, q, pos, kernel):
     """The median seconds of one token's attention over every layer, each call on the next copy."""
     seconds = []

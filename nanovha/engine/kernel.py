@@ -5,8 +5,7 @@ torch.ops.nanovha.decode_attention; plan.py times it against SDPA (docs/architec
     if load():            # True once the op is registered; else why_not() says why, in one line
         out = torch.ops.nanovha.decode_attention(q, k, v, pos, scale)   # (B, H_kv, G, d_v)
 
-It never hangs or crashes a command: what goes wrong is one line, and SDPA decodes (how: the
-section of docs/architecture.md on our op: a folder per library, builds in child processes).
+It never hangs or crashes a command: a problem is one line, and SDPA decodes (docs/architecture.md).
 """
 import glob
 import hashlib

@@ -85,11 +85,12 @@ def attention_calls(model, ctx):
     pos = torch.tensor([ctx - 1])
     kvs = [(c.k, c.v if v_dim else c.k) for c in caches]  # MLA keeps its [latent ; RoPE key] rows in k: its values too
     dot = torch.ops.nanovha.decode_attention_path(qs[0], *kvs[0], pos, OP_PATHS["nanovha_dot"]) == "dot"
+    kernels = DECODE_KERNELS if dot else DECODE_KERNELS[:2]  # the dot path where it is another path here
 
     def call(kernel):
         with torch.inference_mode():
             return [static_attention(q, k, v, pos, kernel) for q, (k, v) in zip(qs, kvs)]
-    return {kernel: (lambda kernel=kernel: call(kernel)) for kernel in DECODE_KERNELS[:2 + dot]}
+    return {kernel: (lambda kernel=kernel: call(kernel)) for kernel in kernels}
 
 
 # ---- 2. the candidates
