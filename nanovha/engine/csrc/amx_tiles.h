@@ -271,18 +271,7 @@ void attend_chunk_amx(const Chunk<c10::BFloat16, float>& c) {
     }
   }
   _tile_release();
-  for (int g = 0; g < G; ++g) {
-    c.m[g] = m[g] * c.scale;  // in the units of the scaled scores, as the other paths
-    c.l[g] = l[g];
-    for (int e = 0; e < NV; ++e) {  // back to the columns of d_v
-      for (int x = 0; x < 16; ++x) {
-        const int col = value_column<DV>(e, x);
-        if (col < DV) {
-          c.acc[g * DV + col] = acc[g][16 * e + x];
-        }
-      }
-    }
-  }
+  store_chunk<G, DV, NV * 16>(c, acc, m, l);
 }
 
 }  // namespace nanovha

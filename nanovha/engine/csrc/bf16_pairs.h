@@ -165,4 +165,24 @@ inline void value_pairs(const c10::BFloat16* v, int64_t vs, int64_t nb, int64_t 
   }
 }
 
+// A chunk's results into c: m in the units of the scaled scores (as the other paths), l, and each head's
+// accumulator row (PS floats, slices in value_pairs' column order) back in the columns of d_v
+template <int G, int DV, int PS>
+inline void store_chunk(const Chunk<c10::BFloat16, float>& c, const float (*acc)[PS], const V16& m,
+                        const V16& l) {
+  constexpr int NV = (DV + 15) / 16;
+  for (int g = 0; g < G; ++g) {
+    c.m[g] = m[g] * c.scale;
+    c.l[g] = l[g];
+    for (int e = 0; e < NV; ++e) {
+      for (int x = 0; x < 16; ++x) {
+        const int col = value_column<DV>(e, x);
+        if (col < DV) {
+          c.acc[g * DV + col] = acc[g][16 * e + x];
+        }
+      }
+    }
+  }
+}
+
 }  // namespace nanovha
