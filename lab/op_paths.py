@@ -8,10 +8,11 @@ columns time its VDPBF16PS path, asked for, where this CPU has it for the shape 
     python lab/op_paths.py               # about a minute on 2 cores, after our op is built
     python lab/op_paths.py --head_dim=64
 """
+import functools
+import itertools
 import os
 import statistics
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -22,6 +23,7 @@ from nanovha.engine import kernel as our_op  # noqa: E402
 from nanovha.engine.attention import OP_PATHS, PagedKV, static_attention  # noqa: E402
 from nanovha.figures import copy_bandwidth  # noqa: E402
 from nanovha.hardware import cpu_kind  # noqa: E402
+from nanovha.timing import measure  # noqa: E402
 
 context = 16384
 head_dim = 32
@@ -55,7 +57,7 @@ def main():
             names = [torch.ops.nanovha.decode_attention_path(q, *copies[0][0], pos, p) for p in OP_PATHS.values()]
             path, dot = names[0], names[1] == "dot"  # the default path, and whether the dot path is another
             kernels = ("nanovha", "nanovha_dot", "sdpa") if dot else ("nanovha", "sdpa")
-            ms = {kernel: timed(copies, q, pos, kernel) * 1e3 for kernel in kernels}
+            ms = {kernel: s * 1e3 for kernel, s in timed(copies, q, pos, kernels).items()}
             of_copy = {kernel: nbytes / (t / 1e3) / bw for kernel, t in ms.items()}
             dot_cols = f"{ms['nanovha_dot']:8.2f} {of_copy['nanovha_dot']:7.0%}" if dot else f"{'-':>8} {'-':>7}"
             print(f"{str(dtype)[6:]:<9} {heads:>8} {group:>5}  {path:<6} {ms['nanovha']:8.2f} "
@@ -63,16 +65,16 @@ def main():
                   f"{nbytes / ms['sdpa'] / 1e6:6.1f}", flush=True)
 
 
-def timed(copies, q, pos, kernel):
-    """The median seconds of one token's attention over every layer, each call on the next copy."""
-    seconds = []
-    for i in range(calls + 2):
-        caches = copies[i % len(copies)]
-        t0 = time.perf_counter()
-        for k, v in caches:
+def timed(copies, q, pos, kernels):
+    """{kernel: the median seconds of one token's attention over every layer}, each call on the
+    kernel's next copy, the kernels in interleaved rounds after one untimed pass over every copy,
+    so that none is timed on caches just filled."""
+    def one_token(kernel, caches):
+        for k, v in next(caches):
             static_attention(q, k, v, pos, kernel)
-        seconds.append(time.perf_counter() - t0)
-    return statistics.median(seconds[2:])
+    fns = {kernel: functools.partial(one_token, kernel, itertools.cycle(copies)) for kernel in kernels}
+    times = measure(fns, rounds=calls, warmup=len(copies))[0]
+    return {kernel: statistics.median(ts) for kernel, ts in times.items()}
 
 
 if __name__ == "__main__":
