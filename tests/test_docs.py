@@ -124,7 +124,7 @@ def settings_problems(path):
 def test_every_command_and_script_takes_its_settings_one_way():
     """CONTRIBUTING.md: every command and script has flat overridable defaults and one settings() call with its limits
     as data (the size presets of sweep, ablate and uptrain are config files); config.py evals no limit."""
-    scripts = [*SCRIPTS, "lab/cpu_report.py", "lab/op_threads.py", "lab/lmeval_check.py"]
+    scripts = [*SCRIPTS, "lab/cpu_report.py", "lab/op_threads.py", "lab/lmeval_check.py", "lab/vector_rates.py"]
     problems = [p for path in dict.fromkeys(scripts) for p in settings_problems(path)]
     assert not problems, problems
     config = ast.parse(open(os.path.join(ROOT, "nanovha", "config.py")).read())

@@ -116,3 +116,21 @@ def test_device_auto_prefers_cuda_then_mps_then_cpu(monkeypatch, cuda, mps, pick
 ])
 def test_compile_is_on_by_default_for_cuda_only(device_type, given, on, why):
     assert hardware.choose_compile(device_type, given) == (on, why)
+
+
+def test_vector_rates_prints_a_row_per_way_to_multiply_and_add():
+    """lab/vector_rates.py: a rate for the float FMA on any x86 CPU with AVX2 or AVX-512, and for VDPBF16PS exactly
+    where the CPU has AVX512_BF16; a compiler that cannot be run is one line before any timing."""
+    out = run("lab/vector_rates.py", "--rounds=1", "--seconds=0.01").stdout.splitlines()
+    assert "clock about" in out[0], out
+    rows = {line.split(",")[0].split("-bit ")[-1]: line for line in out[2:]}
+    assert set(rows) == {"FMA", "VDPBF16PS"}, out
+    dot = rows["VDPBF16PS"]
+    assert ("not on this CPU" in dot) == (not torch.cpu._is_avx512_bf16_supported()), dot
+    for line in rows.values():
+        if "not on this CPU" not in line:
+            assert all(float(x) > 0 for x in line.split()[-3:]), line
+    bad = run("lab/vector_rates.py", check=False, env={"CXX": "/nonexistent/c++"})
+    assert bad.returncode == 1 and bad.stdout == "", bad
+    assert bad.stderr.strip() == ("error: the C++ compiler /nonexistent/c++ did not build the probe "
+                                  "(FileNotFoundError); set CXX to one that works"), bad.stderr

@@ -34,9 +34,11 @@ CASES = [  # (command, flags (OUT: a fresh folder under tmp_path; FILE: a config
     ("uptrain.py", [f"--teacher_seed={2**63}"], "teacher_seed must be in 0..2^63-1"),
     ("sweep.py", ["--ROOT=/tmp"], "unknown config key 'ROOT'"),
     ("lab/cpu_report.py", [f"--gen_tokens={BIG}"], f"gen_tokens must be <= {2**20}"),
+    ("lab/vector_rates.py", ["--rounds=0"], "rounds must be >= 1, got 0"),
 ]
 OUT_FLAG = {"sweep.py": "--sweep_root", "ablate.py": "--out_root", "uptrain.py": "--out_root",
-            "bench.py": None, "bench_decode.py": "--plot", "lab/cpu_report.py": "--work_dir"}
+            "bench.py": None, "bench_decode.py": "--plot", "lab/cpu_report.py": "--work_dir",
+            "lab/vector_rates.py": None}
 
 
 @pytest.mark.parametrize("command, flags, expected", CASES, ids=[f"{c} {' '.join(f)}" for c, f, _ in CASES])
