@@ -48,7 +48,7 @@ def main():
             heads = query_heads // group
             dims = [(heads, head_dim, head_dim)] * layers
             nbytes = 2 * layers * heads * context * head_dim * dtype.itemsize
-            n_copies = max(2, int(memory_gb * 1e9 // nbytes))
+            n_copies = max(6, int(memory_gb * 1e9 // nbytes))
             copies = [PagedKV()(1, context, dims, dtype, torch.device("cpu")) for _ in range(n_copies)]
             for k, v in (kv for caches in copies for kv in caches):
                 k.normal_()
@@ -68,11 +68,15 @@ def main():
 def timed(copies, q, pos, kernels):
     """{kernel: the median seconds of one token's attention over every layer}, each call on the
     kernel's next copy, the kernels in interleaved rounds after one untimed pass over every copy,
-    so that none is timed on caches just filled."""
+    so that none is timed on caches just filled. Each kernel starts its turn through the copies at
+    another place, so that none reads a copy another has just left in the cache."""
     def one_token(kernel, caches):
         for k, v in next(caches):
             static_attention(q, k, v, pos, kernel)
-    fns = {kernel: functools.partial(one_token, kernel, itertools.cycle(copies)) for kernel in kernels}
+    fns = {}
+    for i, kernel in enumerate(kernels):
+        start = i * len(copies) // len(kernels)  # (the copies: at least 2 per kernel)
+        fns[kernel] = functools.partial(one_token, kernel, itertools.cycle(copies[start:] + copies[:start]))
     times = measure(fns, rounds=calls, warmup=len(copies))[0]
     return {kernel: statistics.median(ts) for kernel, ts in times.items()}
 

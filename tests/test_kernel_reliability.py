@@ -87,6 +87,23 @@ def test_openmp_binds_to_torchs_one_runtime(built):
     assert os.path.join(built, our_op.NAME + ".so") in maps
 
 
+def test_the_bf16_pair_paths_prefetch_rows_ahead(built):
+    """The AMX and VDPBF16PS paths ask for rows ahead of the ones they read (prefetch_rows): the built library has
+    prefetch instructions in every instantiation of each that this CPU has. GCC counts a function that only
+    prefetches as free of side effects and may drop its call unless it is always inlined."""
+    listing = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-C", os.path.join(built, our_op.NAME + ".so")],
+                             capture_output=True, text=True, check=True).stdout
+    bodies = re.split(r"\n(?=[0-9a-f]+ <)", listing)  # one function each, its name in the first line
+    paths = re.compile(r"<void nanovha::attend_chunk_(amx|dot)<[^>]*>\(")
+    found = {m.group(0): body for body in bodies if (m := paths.match(body.split(" ", 1)[-1]))}
+    flags = open("/proc/cpuinfo").read().split()
+    expected = {"amx": {"amx_tile", "amx_bf16", "avx512_bf16"}, "dot": {"avx512_bf16", "avx512bw"}}
+    for path, needs in expected.items():
+        assert any(f"attend_chunk_{path}<" in name for name in found) == needs.issubset(flags), path
+    missing = [name for name, body in found.items() if "prefetch" not in body]
+    assert not missing, missing
+
+
 def load_in_a_fresh_process(cache, env=None, timeout=120, before=""):
     """python -c: load the op (in a new process, the way a command does) and run it once -> the CompletedProcess."""
     code = textwrap.dedent(before) + textwrap.dedent("""

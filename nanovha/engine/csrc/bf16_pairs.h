@@ -37,9 +37,10 @@ inline int32_t bf16_pair(const float* qT, int G, int g, int d, int D) {
 }
 
 // The 64 bytes from column x of rows u0..u1-1 from `row` (stride rs), of which `left` are before the
-// chunk's end: prefetched into L1 `near` rows ahead and into L2 kAhead rows ahead (none near the end)
-inline void prefetch_rows(const c10::BFloat16* row, int64_t rs, int64_t left, int x, int64_t u0, int64_t u1,
-                          int64_t near) {
+// chunk's end: prefetched into L1 `near` rows ahead and into L2 kAhead rows ahead (none near the end).
+// Always inlined: GCC counts a function that only prefetches as free of side effects and may drop its call.
+__attribute__((always_inline)) inline void prefetch_rows(const c10::BFloat16* row, int64_t rs, int64_t left, int x,
+                                                         int64_t u0, int64_t u1, int64_t near) {
   for (int64_t u = u0; u < u1 && u + kAhead < left; ++u) {
     __builtin_prefetch(row + (u + kAhead) * rs + x, 0, 1);
     __builtin_prefetch(row + (u + near) * rs + x, 0, 3);

@@ -86,7 +86,6 @@ void attend_chunk(const Chunk<scalar_t, float>& c) {
   VG l = {};
   for (int64_t b0 = c.t0; b0 < c.t1; b0 += kBlock) {
     const int64_t nb = std::min(kBlock, c.t1 - b0);
-    prefetch_block(c, b0 + kBlock);
     rows_to_float(c.k + b0 * c.ks, c.ks, nb, D, kf);
     // s[j] = q^T k_j: D multiply-adds of one vector over the group, 8 positions at a time (8 chains
     // of adds in flight; rows past nb hold stale values and their scores are not read)

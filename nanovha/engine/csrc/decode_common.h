@@ -28,20 +28,6 @@ struct Chunk {
   acc_t* acc;
 };
 
-// Rows [b, b + kBlock) of K and V on their way into the cache while the block before them is read
-template <typename scalar_t, typename acc_t>
-inline void prefetch_block(const Chunk<scalar_t, acc_t>& c, int64_t b) {
-  const int64_t kbytes = c.D * sizeof(scalar_t), vbytes = c.DV * sizeof(scalar_t);
-  for (int64_t j = b; j < std::min(b + kBlock, c.t1); ++j) {
-    for (int64_t x = 0; x < kbytes; x += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(c.k + j * c.ks) + x);
-    }
-    for (int64_t x = 0; x < vbytes; x += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(c.v + j * c.vs) + x);
-    }
-  }
-}
-
 // N float lanes (and int32 lanes of the same width): one SIMD register or a few, in GCC's vector
 // extension, and the lane-wise math the kernels share
 template <int N>

@@ -64,7 +64,6 @@ void attend_chunk_rows(const Chunk<scalar_t, float>& c) {
   }
   for (int64_t b0 = c.t0; b0 < c.t1; b0 += kBlock) {
     const int64_t nb = std::min(kBlock, c.t1 - b0);
-    prefetch_block(c, b0 + kBlock);
     for (int64_t j0 = 0; j0 < nb; j0 += 16) {  // scores, 16 positions at a time
       const scalar_t* rows = c.k + (b0 + j0) * c.ks;
       int64_t stride = c.ks;
