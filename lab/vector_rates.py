@@ -2,7 +2,7 @@
 How many float32 FMAs and bf16 pair dot products (VDPBF16PS) one core starts per cycle: the two
 ways our op's vector paths multiply and add (docs/benchmarks.md: our op's paths). Each runs as 16
 independent chains whose accumulators come from memory, so no compiler can merge them; the clock
-is estimated from a chain of dependent IMULs (3 cycles each on every x86 core since 2008).
+is estimated from a chain of dependent IMULs (3 cycles each on current x86 cores).
 
     python lab/vector_rates.py      # seconds; with the C++ compiler our op builds with ($CXX, else c++)
 """
