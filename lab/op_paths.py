@@ -48,7 +48,7 @@ def main():
             heads = query_heads // group
             dims = [(heads, head_dim, head_dim)] * layers
             nbytes = 2 * layers * heads * context * head_dim * dtype.itemsize
-            n_copies = max(6, int(memory_gb * 1e9 // nbytes))
+            n_copies = max(6, int(memory_gb * 1e9 // nbytes))  # at least 2 for each of up to 3 kernels (timed)
             copies = [PagedKV()(1, context, dims, dtype, torch.device("cpu")) for _ in range(n_copies)]
             for k, v in (kv for caches in copies for kv in caches):
                 k.normal_()

@@ -17,6 +17,7 @@ import torch
 from conftest import ROOT
 from nanovha.engine import kernel as our_op, plan
 from nanovha.engine.attention import use_engine
+from nanovha.hardware import cpu_features
 from test_model import make
 
 
@@ -96,10 +97,9 @@ def test_the_bf16_pair_paths_prefetch_rows_ahead(built):
     bodies = re.split(r"\n(?=[0-9a-f]+ <)", listing)  # one function each, its name in the first line
     paths = re.compile(r"<void nanovha::attend_chunk_(amx|dot)<[^>]*>\(")
     found = {m.group(0): body for body in bodies if (m := paths.match(body.split(" ", 1)[-1]))}
-    flags = open("/proc/cpuinfo").read().split()
     expected = {"amx": {"amx_tile", "amx_bf16", "avx512_bf16"}, "dot": {"avx512_bf16", "avx512bw"}}
     for path, needs in expected.items():
-        assert any(f"attend_chunk_{path}<" in name for name in found) == needs.issubset(flags), path
+        assert any(f"attend_chunk_{path}<" in name for name in found) == needs.issubset(cpu_features()), path
     missing = [name for name, body in found.items() if "prefetch" not in body]
     assert not missing, missing
 
